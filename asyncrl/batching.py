@@ -1,0 +1,73 @@
+"""From sample records to padded tensors, and per-token log-probs of a batch.
+
+Targets are aligned with the logits that predict them: position t of every
+[B, T] tensor here is token t+1 of ``prompt_ids + response_ids``, and
+`response_mask` is 1.0 exactly where that token is a response token.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import torch
+
+
+@dataclass
+class Batch:
+    input_ids: torch.Tensor  # [B, L] prompt + response, right-padded
+    attention_mask: torch.Tensor  # [B, L]
+    response_mask: torch.Tensor  # [B, T=L-1] float
+    behavior_logprobs: torch.Tensor  # [B, T] (0 outside the response)
+    rewards: torch.Tensor  # [B]
+    group_index: torch.Tensor  # [B] int, equal within a group
+
+    @property
+    def size(self) -> int:
+        return self.input_ids.shape[0]
+
+    def select(self, index: torch.Tensor) -> "Batch":
+        return Batch(**{f.name: getattr(self, f.name)[index] for f in fields(self)})
+
+
+def collate(samples: list[dict], pad_id: int, device: torch.device | str = "cpu") -> Batch:
+    width = max(len(s["prompt_ids"]) + len(s["response_ids"]) for s in samples)
+    B = len(samples)
+    input_ids = torch.full((B, width), pad_id, dtype=torch.long)
+    attention = torch.zeros((B, width), dtype=torch.long)
+    response_mask = torch.zeros((B, width - 1))
+    behavior = torch.zeros((B, width - 1))
+    groups: dict[str, int] = {}
+    for b, s in enumerate(samples):
+        p, r = len(s["prompt_ids"]), len(s["response_ids"])
+        input_ids[b, : p + r] = torch.tensor(list(s["prompt_ids"]) + list(s["response_ids"]))
+        attention[b, : p + r] = 1
+        response_mask[b, p - 1 : p - 1 + r] = 1.0
+        behavior[b, p - 1 : p - 1 + r] = torch.tensor(s["behavior_logprobs"], dtype=torch.float32)
+        groups.setdefault(s["group_id"], len(groups))
+    rewards = torch.tensor([float(s["reward"]) for s in samples])
+    group_index = torch.tensor([groups[s["group_id"]] for s in samples])
+    batch = Batch(input_ids, attention, response_mask, behavior, rewards, group_index)
+    return Batch(**{f.name: getattr(batch, f.name).to(device) for f in fields(batch)})
+
+
+def token_logprobs(model, batch: Batch, temperature: float, with_entropy: bool = False):
+    """(log-probs of each next token [B, T], entropy [B, T] or None), logits divided by temperature."""
+    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1].float()
+    logp = torch.log_softmax(logits / temperature, dim=-1)  # [B, T, V]
+    chosen = logp.gather(-1, batch.input_ids[:, 1:, None]).squeeze(-1)  # [B, T]
+    entropy = -(logp.exp() * logp).sum(-1) if with_entropy else None
+    return chosen * batch.response_mask, entropy
+
+
+def sequence_stats(samples: list[dict], version: int) -> dict[str, float]:
+    """Reward, staleness and length statistics of one batch of records."""
+    rewards = torch.tensor([float(s["reward"]) for s in samples])
+    stale = torch.tensor([float(version - s["policy_version_start"]) for s in samples])
+    lengths = torch.tensor([float(len(s["response_ids"])) for s in samples])
+    return {
+        "reward/mean": rewards.mean().item(),
+        "reward/std": rewards.std().item() if len(samples) > 1 else 0.0,
+        "staleness/mean": stale.mean().item(),
+        "staleness/max": stale.max().item(),
+        "samples/response_len_mean": lengths.mean().item(),
+        "samples/trained": float(len(samples)),
+    }

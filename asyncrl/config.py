@@ -1,0 +1,304 @@
+"""One typed config per component, loaded from YAML with dotted overrides.
+
+Every field is declared once, with its meaning next to it. `load_config`
+rejects an unknown key, a value of the wrong type and an impossible value with
+a `ConfigError` whose message starts with the dotted key, before any actor
+starts; `python -m asyncrl.run` turns it into exit status 2.
+"""
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A config problem; `key` is the dotted key at fault."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(f"{key}: {message}")
+        self.key = key
+
+
+@dataclass
+class ModelConfig:
+    path: str = "tiny"
+    """"tiny" builds (once, cached) the project's warm-started tiny model; otherwise a local HF model directory."""
+    cache_dir: str = ".cache/models"
+    """Where built models are cached."""
+    dtype: str = "float32"
+    """Weights dtype for learner and engine: float32, bfloat16 or float16."""
+    max_model_len: int = 64
+    """Longest prompt + response, in tokens."""
+
+
+@dataclass
+class TaskConfig:
+    name: str = "addition"
+    """Built-in task by name (registered in asyncrl.tasks)."""
+    reward: str = "exact_match"
+    """Reward by registered name, or a user function by dotted path (pkg.module.fn)."""
+    digits: int = 2
+    """Operand digits for the addition task."""
+    eval_size: int = 200
+    """Held-out problems for greedy evaluation before and after training."""
+
+
+@dataclass
+class RolloutConfig:
+    num_workers: int = 1
+    """Rollout actors, each owning one vLLM engine."""
+    group_size: int = 8
+    """Responses sampled per prompt (the GRPO group)."""
+    temperature: float = 1.0
+    """Sampling temperature; behaviour log-probs are taken after it."""
+    top_p: float = 1.0
+    """Nucleus sampling mass (1.0 keeps the exact policy distribution)."""
+    max_new_tokens: int = 8
+    """Longest response, in tokens."""
+    max_inflight_groups: int = 16
+    """Groups one worker keeps in its engine at once."""
+    kv_cache_gib: float = 1.0
+    """KV cache per engine on the CPU (VLLM_CPU_KVCACHE_SPACE)."""
+    gpu_memory_utilization: float = 0.4
+    """Engine memory fraction on a GPU (ignored on the CPU)."""
+    num_cpus: float = 1.0
+    """Ray CPUs reserved per rollout actor."""
+    num_gpus: float = 0.0
+    """Ray GPUs reserved per rollout actor."""
+    cpu_affinity: list[int] = field(default_factory=list)
+    """Cores to pin each rollout actor to (empty: no pinning)."""
+
+
+@dataclass
+class BufferConfig:
+    max_staleness: int = 1
+    """Largest learner_version - policy_version_start trained on; 0 is synchronous on-policy."""
+    capacity_groups: int = 64
+    """Groups held at most; producers are refused admission beyond it."""
+    sample_timeout_s: float = 600.0
+    """How long the learner waits for a batch before the run fails."""
+
+
+@dataclass
+class LearnerConfig:
+    lr: float = 1e-4
+    """AdamW learning rate."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    batch_size: int = 64
+    """Samples per learner step; a multiple of rollout.group_size."""
+    mini_batches: int = 1
+    """Optimizer updates per batch (PPO epochs split into mini-batches)."""
+    micro_batch_size: int = 64
+    """Samples per forward/backward; gradients accumulate across micro-batches."""
+    grad_clip: float = 1.0
+    """Max global gradient norm (0 disables clipping)."""
+    sync_every: int = 1
+    """Publish a new weight version to the rollout workers every this many steps."""
+    sync_bucket_mb: float = 64.0
+    """Weights are broadcast in flat buckets of at most this many MiB."""
+    backend: str = "auto"
+    """Weight broadcast backend: auto (nccl on GPUs, gloo on CPUs), gloo or nccl."""
+    device: str = "auto"
+    """Learner device: auto, cpu or cuda."""
+    num_cpus: float = 1.0
+    """Ray CPUs reserved for the learner actor."""
+    num_gpus: float = 0.0
+    """Ray GPUs reserved for the learner actor."""
+    cpu_affinity: list[int] = field(default_factory=list)
+    """Cores to pin the learner to (empty: no pinning)."""
+    torch_threads: int = 1
+    """Intra-op threads for the learner's torch."""
+
+
+@dataclass
+class AlgorithmConfig:
+    name: str = "grpo"
+    """Registered algorithm name, or a user module by dotted path."""
+    correction: str = "decoupled"
+    """Off-policy correction: decoupled (AReaL), tis (truncated IS on pi/pi_behav) or none."""
+    clip_low: float = 0.2
+    """PPO clip: ratio lower bound 1 - clip_low."""
+    clip_high: float = 0.2
+    """PPO clip: ratio upper bound 1 + clip_high (raise for DAPO clip-higher)."""
+    is_cap: float = 5.0
+    """Truncation of the behaviour importance weight pi_prox/pi_behav (or pi/pi_behav for tis)."""
+    std_normalize: bool = True
+    """Divide group-relative advantages by the group std (False: Dr. GRPO)."""
+    kl_coef: float = 0.0
+    """Weight of the k3 KL-to-reference penalty in the loss (0: monitor only)."""
+
+
+@dataclass
+class LoggingConfig:
+    wandb: bool = True
+    """Log to wandb (offline unless WANDB_API_KEY is set or wandb_mode=online)."""
+    wandb_project: str = "asyncrl"
+    """wandb project name."""
+    wandb_mode: str = "auto"
+    """auto, online, offline."""
+    console: bool = True
+    """Print a progress line per learner step."""
+
+
+@dataclass
+class RunConfig:
+    output_dir: str = "runs/default"
+    """Run directory: config, metrics, trajectories, summary, final model."""
+    steps: int = 20
+    """Learner steps to train."""
+    seed: int = 0
+    """Seed for data order, sampling and the learner."""
+    ray_address: str = ""
+    """Ray cluster to join; empty uses RAY_ADDRESS or starts a local cluster."""
+    eval: bool = True
+    """Greedy held-out accuracy before and after training."""
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    buffer: BufferConfig = field(default_factory=BufferConfig)
+    learner: LearnerConfig = field(default_factory=LearnerConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+
+    @property
+    def groups_per_step(self) -> int:
+        return self.learner.batch_size // self.rollout.group_size
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _check(ok: bool, key: str, message: str) -> None:
+    if not ok:
+        raise ConfigError(key, message)
+
+
+def _coerce(key: str, value: Any, annotation: Any) -> Any:
+    """Check `value` against a field annotation; ints are accepted for floats."""
+    origin = typing.get_origin(annotation)
+    if origin is list:
+        (item,) = typing.get_args(annotation)
+        _check(isinstance(value, list), key, f"expected a list, got {value!r}")
+        return [_coerce(f"{key}[{i}]", v, item) for i, v in enumerate(value)]
+    if origin in (typing.Union, types.UnionType):
+        return value  # no optional fields yet
+    if annotation is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    ok = isinstance(value, annotation) and not (annotation is int and isinstance(value, bool))
+    _check(ok, key, f"expected {annotation.__name__}, got {type(value).__name__} {value!r}")
+    return value
+
+
+def _build(cls: type, data: dict[str, Any], prefix: str) -> Any:
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    for key in data:
+        _check(key in names, f"{prefix}{key}", f"unknown key (known: {', '.join(sorted(names))})")
+    kwargs = {}
+    for name, value in data.items():
+        hint = hints[name]
+        if dataclasses.is_dataclass(hint):
+            _check(isinstance(value, dict), f"{prefix}{name}", "expected a mapping")
+            kwargs[name] = _build(hint, value, f"{prefix}{name}.")
+        else:
+            kwargs[name] = _coerce(f"{prefix}{name}", value, hint)
+    return cls(**kwargs)
+
+
+def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
+    *parents, leaf = dotted.split(".")
+    node = data
+    for part in parents:
+        node = node.setdefault(part, {})
+        _check(isinstance(node, dict), dotted, "is not a section")
+    node[leaf] = value
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """``learner.lr=1e-5`` -> ("learner.lr", 1e-05); values are parsed as YAML scalars."""
+    key, sep, raw = text.partition("=")
+    _check(bool(sep) and bool(key), text, "override must look like section.key=value")
+    value = yaml.safe_load(raw) if raw != "" else ""
+    if isinstance(value, str) and _looks_like_float(raw):
+        value = float(raw)  # YAML 1.1 reads 1e-5 as a string
+    return key.strip(), value
+
+
+def _looks_like_float(raw: str) -> bool:
+    try:
+        float(raw)
+    except ValueError:
+        return False
+    return True
+
+
+def validate(cfg: Config) -> Config:
+    """Impossible values, each named by its key."""
+    r, b, lr, a = cfg.rollout, cfg.buffer, cfg.learner, cfg.algorithm
+    _check(cfg.model.dtype in ("float32", "bfloat16", "float16"), "model.dtype", "must be float32, bfloat16 or float16")
+    _check(cfg.model.max_model_len > r.max_new_tokens, "model.max_model_len", "must exceed rollout.max_new_tokens")
+    _check(cfg.task.eval_size >= 1, "task.eval_size", "must be >= 1")
+    _check(1 <= cfg.task.digits <= 6, "task.digits", "must be in 1..6")
+    _check(r.num_workers >= 1, "rollout.num_workers", "must be >= 1")
+    _check(r.group_size >= 2, "rollout.group_size", "must be >= 2 (group-relative advantages need a group)")
+    _check(r.temperature > 0, "rollout.temperature", "must be > 0 (behaviour log-probs need a sampling policy)")
+    _check(0 < r.top_p <= 1, "rollout.top_p", "must be in (0, 1]")
+    _check(r.max_new_tokens >= 1, "rollout.max_new_tokens", "must be >= 1")
+    _check(r.max_inflight_groups >= 1, "rollout.max_inflight_groups", "must be >= 1")
+    _check(r.kv_cache_gib > 0, "rollout.kv_cache_gib", "must be > 0")
+    _check(b.max_staleness >= 0, "buffer.max_staleness", f"must be >= 0 (got {b.max_staleness})")
+    _check(b.sample_timeout_s > 0, "buffer.sample_timeout_s", "must be > 0")
+    _check(lr.batch_size >= 1, "learner.batch_size", "must be >= 1")
+    _check(
+        lr.batch_size % r.group_size == 0,
+        "learner.batch_size",
+        f"must be a multiple of rollout.group_size ({lr.batch_size} % {r.group_size} != 0)",
+    )
+    _check(b.capacity_groups >= cfg.groups_per_step, "buffer.capacity_groups", "must hold at least one batch")
+    _check(lr.lr > 0, "learner.lr", "must be > 0")
+    _check(lr.mini_batches >= 1 and lr.batch_size % lr.mini_batches == 0, "learner.mini_batches", "must divide learner.batch_size")
+    _check(lr.micro_batch_size >= 1, "learner.micro_batch_size", "must be >= 1")
+    _check(lr.sync_every >= 1, "learner.sync_every", "must be >= 1")
+    _check(lr.sync_bucket_mb > 0, "learner.sync_bucket_mb", "must be > 0")
+    _check(lr.backend in ("auto", "gloo", "nccl"), "learner.backend", "must be auto, gloo or nccl")
+    _check(lr.device in ("auto", "cpu", "cuda"), "learner.device", "must be auto, cpu or cuda")
+    _check(lr.torch_threads >= 1, "learner.torch_threads", "must be >= 1")
+    _check(a.correction in ("decoupled", "tis", "none"), "algorithm.correction", "must be decoupled, tis or none")
+    _check(0 < a.clip_low < 1 and a.clip_high > 0, "algorithm.clip_low", "clip_low must be in (0, 1), clip_high > 0")
+    _check(a.is_cap >= 1, "algorithm.is_cap", "must be >= 1")
+    _check(a.kl_coef >= 0, "algorithm.kl_coef", "must be >= 0")
+    _check(cfg.logging.wandb_mode in ("auto", "online", "offline"), "logging.wandb_mode", "must be auto, online or offline")
+    _check(cfg.run.steps >= 1, "run.steps", "must be >= 1")
+    _check(bool(cfg.run.output_dir), "run.output_dir", "must not be empty")
+    return cfg
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Config:
+    """YAML file (optional) + dotted overrides -> a validated Config."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        path = Path(path)
+        _check(path.is_file(), "--config", f"file not found: {path}")
+        loaded = yaml.safe_load(path.read_text()) or {}
+        _check(isinstance(loaded, dict), "--config", f"{path} must hold a mapping")
+        data = loaded
+    for text in overrides:
+        _set_dotted(data, *parse_override(text))
+    return validate(_build(Config, data, ""))
+
+
+def config_from_dict(data: dict[str, Any]) -> Config:
+    """Rebuild a Config written by `Config.to_dict` (e.g. a run's config.yaml)."""
+    return validate(_build(Config, data, ""))

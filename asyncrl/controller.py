@@ -1,0 +1,162 @@
+"""The controller: builds every part from one Config, runs the loop, stops cleanly.
+
+The loop reads like pseudocode: wait for a batch, train, publish weights every
+`learner.sync_every` steps, log. Rollout workers generate on their own the
+whole time; the only waits are the ones the staleness bound forces, and they
+are measured (`time/learner_wait_s`).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+import uuid
+from pathlib import Path
+
+import ray
+import yaml
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from actors.buffer import ReplayBuffer
+from actors.learner import Learner
+from actors.rollout import RolloutWorker
+from asyncrl.config import Config
+from asyncrl.metrics import MetricsSink
+from asyncrl.models.tiny import resolve_model_path
+from asyncrl.tasks import make_task
+from asyncrl.weights import free_port
+
+ACTOR_ENV = {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "VLLM_NO_USAGE_STATS": "1", "WANDB_SILENT": "true", "VLLM_LOGGING_LEVEL": "ERROR"}
+
+
+def connect_ray(cfg: Config) -> bool:
+    """Join RAY_ADDRESS / run.ray_address when given, else start a local cluster. True if started here."""
+    address = cfg.run.ray_address or os.environ.get("RAY_ADDRESS", "")
+    runtime_env = {"env_vars": ACTOR_ENV}
+    if address:
+        ray.init(address=address, runtime_env=runtime_env, logging_level="WARNING")
+        return False
+    need = cfg.rollout.num_workers * cfg.rollout.num_cpus + cfg.learner.num_cpus
+    ray.init(num_cpus=max(os.cpu_count() or 1, math.ceil(need)), runtime_env=runtime_env, logging_level="WARNING", include_dashboard=False)
+    return True
+
+
+class Controller:
+    def __init__(self, cfg: Config, run_dir: Path, model_path: str) -> None:
+        self.cfg, self.run_dir, self.model_path = cfg, run_dir, model_path
+        self.run_id = f"{run_dir.name}-{uuid.uuid4().hex[:6]}"
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+        self.buffer = ray.remote(ReplayBuffer).options(num_cpus=0, scheduling_strategy=here).remote(cfg, str(run_dir / "trajectories"))
+        l, r = cfg.learner, cfg.rollout
+        self.learner = ray.remote(Learner).options(num_cpus=l.num_cpus, num_gpus=l.num_gpus).remote(cfg, model_path)
+        worker_cls = ray.remote(RolloutWorker).options(num_cpus=r.num_cpus, num_gpus=r.num_gpus, max_concurrency=4)
+        self.workers = [worker_cls.remote(i, cfg, model_path, self.buffer, self.run_id) for i in range(r.num_workers)]
+        self.version = 0
+        self.tokens_seen, self.tokens_t = 0, time.time()
+        self._init_weight_sync()
+
+    def _init_weight_sync(self) -> None:
+        nodes = set(ray.get([w.node_id.remote() for w in self.workers] + [self.learner.node_id.remote()]))
+        host = "127.0.0.1" if len(nodes) == 1 else ray.get(self.learner.node_ip.remote())
+        port = free_port(host) if len(nodes) == 1 else ray.get(self.learner.pick_port.remote(host))
+        meta, backend = ray.get([self.learner.weight_meta.remote(), self.learner.backend.remote()])
+        world = 1 + len(self.workers)
+        bucket = int(self.cfg.learner.sync_bucket_mb * 2**20)
+        refs = [self.learner.init_weight_sync.remote(host, port, world)]
+        refs += [w.init_weight_sync.remote(host, port, 1 + i, world, backend, meta, bucket) for i, w in enumerate(self.workers)]
+        ray.get(refs)
+
+    def evaluate(self) -> float:
+        task = make_task(self.cfg.task.name, self.cfg.task.digits, self.cfg.task.eval_size, self.cfg.run.seed)
+        return ray.get(self.workers[0].evaluate.remote(task.eval_prompts()))
+
+    def train(self, sink: MetricsSink) -> dict:
+        cfg, t_start = self.cfg, time.time()
+        before = self.evaluate() if cfg.run.eval else float("nan")
+        ray.get([w.start.remote() for w in self.workers])
+        for step in range(cfg.run.steps):
+            sink.log(self.step(step))
+        ends = ray.get([w.stop.remote() for w in self.workers])
+        buffer_counts = ray.get(self.buffer.close.remote())
+        after = self.evaluate() if cfg.run.eval else float("nan")
+        self.final_path = ray.get(self.learner.save.remote(str(self.run_dir / "final_model"), self.model_path))
+        return {
+            "steps": cfg.run.steps, "wall_s": time.time() - t_start, "policy_version": self.version,
+            "eval/accuracy_before": before, "eval/accuracy_after": after,
+            "samples": buffer_counts, "rollout": ends,
+        }
+
+    def step(self, step: int) -> dict:
+        t0 = time.perf_counter()
+        batch = self.buffer.get_batch.remote(self.cfg.groups_per_step, self.version, step, self.cfg.buffer.sample_timeout_s)
+        ray.wait([batch])
+        waited = time.perf_counter() - t0
+        metrics = ray.get(self.learner.train_step.remote(batch, self.version))
+        sync = {"seconds": 0.0, "bytes": 0}
+        if (step + 1) % self.cfg.learner.sync_every == 0 or step == self.cfg.run.steps - 1:
+            sync = self.sync_weights()
+        metrics.update(self.rollout_metrics())
+        metrics.update({
+            "step": step, "policy_version": self.version, "time/step_s": time.perf_counter() - t0,
+            "time/learner_wait_s": waited, "time/weight_sync_s": sync["seconds"], "weights/sync_bytes": sync["bytes"],
+        })
+        return metrics
+
+    def sync_weights(self) -> dict:
+        t0 = time.perf_counter()
+        self.version += 1
+        refs = [self.learner.broadcast_weights.remote()] + [w.update_weights.remote(self.version) for w in self.workers]
+        sent = ray.get(refs)[0]
+        ray.get(self.buffer.set_version.remote(self.version))
+        return {"seconds": time.perf_counter() - t0, "bytes": sent["bytes"]}
+
+    def rollout_metrics(self) -> dict:
+        stats = ray.get([w.stats.remote() for w in self.workers])
+        errors = [s["error"] for s in stats if s["error"]]
+        if errors:
+            raise RuntimeError("; ".join(errors))
+        tokens, now = sum(s["tokens"] for s in stats), time.time()
+        rate = (tokens - self.tokens_seen) / max(now - self.tokens_t, 1e-9)
+        self.tokens_seen, self.tokens_t = tokens, now
+        busy = sum(s["busy_s"] for s in stats)
+        idle = sum(s["idle_s"] for s in stats)
+        buf = ray.get(self.buffer.stats.remote())
+        return {
+            "rollout/tokens_per_s": rate, "rollout/idle_frac": idle / max(busy + idle, 1e-9),
+            "rollout/inflight_groups": sum(s["inflight_groups"] for s in stats),
+            "buffer/buffered_groups": buf["buffered_groups"], "buffer/refused_admissions": buf["refused"],
+            "buffer/dropped_stale": buf["dropped_stale"], "buffer/dropped_error": buf["dropped_error"],
+        }
+
+    def shutdown(self) -> None:
+        for actor in [*self.workers, self.learner, self.buffer]:
+            ray.kill(actor)
+
+
+def prepare_run_dir(cfg: Config) -> Path:
+    run_dir = Path(cfg.run.output_dir).resolve()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    return run_dir
+
+
+def run(cfg: Config) -> dict:
+    """Train according to `cfg`; writes the run directory and returns the summary."""
+    run_dir = prepare_run_dir(cfg)
+    model_path = str(resolve_model_path(cfg.model.path, cfg.task.digits, cfg.run.seed, cfg.model.cache_dir))
+    started = connect_ray(cfg)
+    sink = MetricsSink(run_dir, cfg.to_dict(), cfg.logging.wandb, cfg.logging.wandb_project, cfg.logging.wandb_mode, cfg.logging.console)
+    controller = None
+    try:
+        controller = Controller(cfg, run_dir, model_path)
+        summary = controller.train(sink)
+        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        sink.summary({k: v for k, v in summary.items() if isinstance(v, (int, float))})
+        return summary
+    finally:
+        sink.close()
+        if controller is not None:
+            controller.shutdown()
+        if started:
+            ray.shutdown()

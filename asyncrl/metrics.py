@@ -1,0 +1,63 @@
+"""Metric sinks: metrics.jsonl in the run directory, wandb, and a console line per step."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+CONSOLE_KEYS = (
+    ("step", "step", "{:>4.0f}"),
+    ("policy_version", "v", "{:>3.0f}"),
+    ("reward/mean", "reward", "{:.3f}"),
+    ("kl/ref", "kl_ref", "{:.4f}"),
+    ("staleness/mean", "stale", "{:.2f}"),
+    ("rollout/tokens_per_s", "tok/s", "{:>6.0f}"),
+    ("time/step_s", "step_s", "{:.2f}"),
+    ("time/learner_wait_s", "wait_s", "{:.2f}"),
+)
+
+
+def wandb_mode(requested: str) -> str:
+    """auto -> online when an API key is configured, else offline."""
+    if requested != "auto":
+        return requested
+    return "online" if os.environ.get("WANDB_API_KEY") else "offline"
+
+
+def console_line(metrics: dict[str, Any]) -> str:
+    parts = [f"{label}={fmt.format(metrics[k])}" for k, label, fmt in CONSOLE_KEYS if k in metrics]
+    return "  ".join(parts)
+
+
+class MetricsSink:
+    def __init__(self, run_dir: Path, config: dict, use_wandb: bool, project: str, mode: str, console: bool) -> None:
+        self.path = run_dir / "metrics.jsonl"
+        self.file = self.path.open("a")
+        self.console = console
+        self.wandb = None
+        if use_wandb:
+            import wandb
+
+            self.wandb = wandb.init(
+                project=project, dir=str(run_dir), config=config, mode=wandb_mode(mode), name=run_dir.name
+            )
+            (run_dir / "wandb_run_id").write_text(self.wandb.id)
+
+    def log(self, metrics: dict[str, Any]) -> None:
+        self.file.write(json.dumps(metrics) + "\n")
+        self.file.flush()
+        if self.wandb is not None:
+            self.wandb.log(metrics, step=int(metrics["step"]))
+        if self.console:
+            print(console_line(metrics), file=sys.stdout, flush=True)
+
+    def summary(self, values: dict[str, Any]) -> None:
+        if self.wandb is not None:
+            self.wandb.summary.update(values)
+
+    def close(self) -> None:
+        self.file.close()
+        if self.wandb is not None:
+            self.wandb.finish()

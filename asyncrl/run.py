@@ -1,0 +1,62 @@
+"""Entry point: ``python -m asyncrl.run --config configs/default.yaml key=value ...``.
+
+Exit status 2, with one line naming the key, for any config problem, before
+Ray or an engine starts.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+
+from asyncrl.config import ConfigError, load_config
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m asyncrl.run", description=__doc__.splitlines()[0])
+    parser.add_argument("--config", help="YAML config (defaults apply to keys it omits)")
+    parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. learner.lr=1e-5 run.steps=20")
+    return parser.parse_args(argv)
+
+
+def summary_table(summary: dict) -> str:
+    samples = summary["samples"]
+    rows = [
+        ("steps", summary["steps"]),
+        ("wall seconds", f"{summary['wall_s']:.1f}"),
+        ("policy version", summary["policy_version"]),
+        ("eval accuracy before", f"{summary['eval/accuracy_before']:.3f}"),
+        ("eval accuracy after", f"{summary['eval/accuracy_after']:.3f}"),
+        ("samples consumed", samples["consumed"]),
+        ("samples dropped stale", samples["dropped_stale"]),
+        ("samples dropped error", samples["dropped_error"]),
+        ("samples unconsumed / aborted", f"{samples['unconsumed']} / {samples['aborted']}"),
+    ]
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"  {k:<{width}}  {v}" for k, v in rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        cfg = load_config(args.config, args.overrides)
+    except ConfigError as exc:
+        print(f"asyncrl: config error: {exc}", file=sys.stderr)
+        return 2
+    from asyncrl.controller import run  # heavy imports only after the config is valid
+
+    try:
+        summary = run(cfg)
+    except ValueError as exc:  # bad model path, task, reward or algorithm: named, no traceback
+        print(f"asyncrl: error: {exc}", file=sys.stderr)
+        return 2
+    print("\nasyncrl run summary\n" + summary_table(summary))
+    gain = summary["eval/accuracy_after"] - summary["eval/accuracy_before"]
+    if not math.isnan(gain):
+        print(f"  accuracy gain          {gain:+.3f}")
+    print(f"  run directory          {cfg.run.output_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,66 @@
+"""The trajectory schema: one record per generated sample, whatever its fate.
+
+`SCHEMA_VERSION` is written into every record; readers check it. A sample ends
+in exactly one `Status`.
+"""
+from __future__ import annotations
+
+from enum import Enum
+
+import pyarrow as pa
+
+SCHEMA_VERSION = 1
+
+
+class Status(str, Enum):
+    CONSUMED = "consumed"
+    """Trained on at learner version `consumed_version`."""
+    DROPPED_STALE = "dropped_stale"
+    """Reached the learner past `buffer.max_staleness`."""
+    DROPPED_ERROR = "dropped_error"
+    """Could not be scored or generated; `status_reason` says why."""
+    UNCONSUMED_AT_END = "unconsumed_at_end"
+    """Finished, still in the buffer when the run stopped."""
+    ABORTED_AT_END = "aborted_at_end"
+    """Still generating when the run stopped."""
+
+
+SAMPLE_SCHEMA = pa.schema(
+    [
+        ("schema_version", pa.int32()),
+        ("run_id", pa.string()),
+        ("sample_id", pa.string()),
+        ("group_id", pa.string()),
+        ("prompt_id", pa.string()),
+        ("worker_id", pa.int32()),
+        ("prompt_text", pa.string()),
+        ("prompt_ids", pa.list_(pa.int32())),
+        ("response_ids", pa.list_(pa.int32())),
+        ("response_text", pa.string()),
+        ("behavior_logprobs", pa.list_(pa.float32())),
+        ("reward", pa.float64()),
+        ("finish_reason", pa.string()),
+        ("policy_version_start", pa.int64()),
+        ("policy_version_end", pa.int64()),
+        ("consumed_version", pa.int64()),
+        ("consumed_step", pa.int64()),
+        ("status", pa.string()),
+        ("status_reason", pa.string()),
+        ("t_submitted", pa.float64()),
+        ("t_generated", pa.float64()),
+        ("t_scored", pa.float64()),
+        ("t_consumed", pa.float64()),
+    ]
+)
+
+FIELDS = tuple(SAMPLE_SCHEMA.names)
+
+
+def new_sample(**values: object) -> dict:
+    """A record with every schema field present (missing ones None)."""
+    unknown = set(values) - set(FIELDS)
+    if unknown:
+        raise KeyError(f"not in the sample schema: {sorted(unknown)}")
+    record = dict.fromkeys(FIELDS)
+    record.update(values, schema_version=SCHEMA_VERSION)
+    return record

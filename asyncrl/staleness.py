@@ -1,0 +1,51 @@
+"""The staleness policy, as pure functions.
+
+Definitions (PRIME-RL style, precise on purpose):
+
+- The learner's *version* V counts published weight updates: the engines start
+  at version 0 and receive V+1 when the learner publishes after
+  `learner.sync_every` steps.
+- A sample's *staleness* when trained on is ``V - policy_version_start``: how
+  many published versions behind the learner the first token of the sample
+  was generated. It is trained on only if staleness <= `buffer.max_staleness`.
+- *Admission* (AReaL's rule) stops rollouts from running ahead of what the
+  learner can consume within the bound: at version V the learner will have
+  consumed at most ``(V + max_staleness + 1) * groups_per_version`` groups by
+  the time it reaches version V + max_staleness, so no more live groups than
+  that may have been started.
+"""
+from __future__ import annotations
+
+
+def staleness(learner_version: int, policy_version_start: int) -> int:
+    """Published versions between the sample's first token and the learner."""
+    return learner_version - policy_version_start
+
+
+def is_stale(learner_version: int, policy_version_start: int, max_staleness: int) -> bool:
+    return staleness(learner_version, policy_version_start) > max_staleness
+
+
+def admission_capacity(version: int, max_staleness: int, groups_per_version: int) -> int:
+    """Live groups (started and not dropped) allowed while the learner is at `version`."""
+    return (version + max_staleness + 1) * groups_per_version
+
+
+def admissible(
+    requested: int,
+    live_groups: int,
+    outstanding_groups: int,
+    version: int,
+    max_staleness: int,
+    groups_per_version: int,
+    capacity_groups: int,
+) -> int:
+    """How many of `requested` new groups may start now (0..requested).
+
+    `live_groups` counts every group ever admitted minus those dropped;
+    `outstanding_groups` are admitted and not yet consumed or dropped (in
+    flight or buffered); they may not exceed `capacity_groups`.
+    """
+    by_staleness = admission_capacity(version, max_staleness, groups_per_version) - live_groups
+    by_capacity = capacity_groups - outstanding_groups
+    return max(0, min(requested, by_staleness, by_capacity))

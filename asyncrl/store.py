@@ -1,0 +1,53 @@
+"""Append-only Parquet store of every sample (trajectories/part-NNNNN.parquet).
+
+Each flush writes a new part file through a temporary name and an atomic
+rename, so a run killed mid-way leaves only whole files behind.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from asyncrl.schema import SAMPLE_SCHEMA, SCHEMA_VERSION
+
+
+class TrajectoryStore:
+    def __init__(self, directory: str | Path, flush_rows: int = 512) -> None:
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.flush_rows = flush_rows
+        self._pending: list[dict] = []
+        self._next_part = len(list(self.directory.glob("part-*.parquet")))
+        self.rows_written = 0
+
+    def append(self, records: list[dict]) -> None:
+        self._pending.extend(records)
+        if len(self._pending) >= self.flush_rows:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self._pending:
+            return
+        table = pa.Table.from_pylist(self._pending, schema=SAMPLE_SCHEMA)
+        final = self.directory / f"part-{self._next_part:05d}.parquet"
+        tmp = final.with_suffix(".tmp")
+        pq.write_table(table, tmp)
+        os.replace(tmp, final)
+        self._next_part += 1
+        self.rows_written += len(self._pending)
+        self._pending = []
+
+
+def read_trajectories(directory: str | Path) -> pa.Table:
+    """All part files of a run's store as one table; checks the schema version."""
+    parts = sorted(Path(directory).glob("part-*.parquet"))
+    if not parts:
+        return SAMPLE_SCHEMA.empty_table()
+    table = pa.concat_tables([pq.read_table(p) for p in parts])
+    versions = set(table.column("schema_version").to_pylist())
+    if versions - {SCHEMA_VERSION}:
+        raise ValueError(f"trajectory schema versions {sorted(versions)} unsupported (reader is {SCHEMA_VERSION})")
+    return table

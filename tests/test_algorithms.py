@@ -1,0 +1,125 @@
+"""Advantages, losses and the registry, against numbers derived by hand."""
+import math
+import sys
+import textwrap
+import types
+
+import pytest
+import torch
+
+from algorithms import LossInputs, get_algorithm, register_algorithm, registered_algorithms
+from algorithms.base import group_relative_advantages, kl_k1, kl_k2, kl_k3, masked_mean
+from asyncrl.config import AlgorithmConfig
+
+grpo = get_algorithm("grpo")
+
+
+def one_token(logprob, proximal, behavior, advantage, ref=None):
+    t = lambda v: torch.tensor([[float(v)]])  # noqa: E731  [B=1, T=1]
+    return LossInputs(t(logprob), t(proximal), t(behavior), t(advantage), t(1.0), None if ref is None else t(ref))
+
+
+def test_group_advantages_by_hand():
+    rewards = torch.tensor([1.0, 0.0, 1.0, 1.0])
+    groups = torch.tensor([0, 0, 1, 1])
+    # group 0: mean 0.5, unbiased std sqrt(0.5) = 0.7071 -> +-0.7071; group 1: all equal -> 0
+    adv = group_relative_advantages(rewards, groups, std_normalize=True)
+    assert adv.tolist() == pytest.approx([0.70710, -0.70710, 0.0, 0.0], abs=1e-4)
+    # Dr. GRPO: no std division -> +-0.5
+    adv = group_relative_advantages(rewards, groups, std_normalize=False)
+    assert adv.tolist() == pytest.approx([0.5, -0.5, 0.0, 0.0])
+
+
+def test_ratio_e_clipped_to_1_2():
+    cfg = AlgorithmConfig(correction="decoupled", clip_low=0.2, clip_high=0.2)
+    # pi/pi_prox = e, behaviour = proximal (weight 1): positive advantage -> min(e, 1.2) = 1.2
+    out = grpo.policy_loss(one_token(1.0, 0.0, 0.0, 1.0), cfg)
+    assert out.loss.item() == pytest.approx(-1.2)
+    assert out.metrics["loss/clip_frac_high"] == 1.0
+    # negative advantage -> min(-e, -1.2) = -e: the pessimistic side is not clipped
+    out = grpo.policy_loss(one_token(1.0, 0.0, 0.0, -1.0), cfg)
+    assert out.loss.item() == pytest.approx(math.e)
+
+
+def test_clip_higher_dapo():
+    cfg = AlgorithmConfig(clip_low=0.2, clip_high=0.28)
+    out = grpo.policy_loss(one_token(1.0, 0.0, 0.0, 1.0), cfg)
+    assert out.loss.item() == pytest.approx(-1.28)
+
+
+def test_decoupled_behavior_weight_and_cap():
+    # pi = pi_prox (ratio 1), pi_prox / pi_behav = 2 -> loss = -A * 2
+    lp = math.log(0.5)
+    out = grpo.policy_loss(one_token(lp, lp, lp - math.log(2.0), 1.0), AlgorithmConfig(is_cap=5.0))
+    assert out.loss.item() == pytest.approx(-2.0, rel=1e-5)
+    assert out.metrics["is_ratio/mean"] == pytest.approx(2.0, rel=1e-5)
+    # truncated at 1.5
+    out = grpo.policy_loss(one_token(lp, lp, lp - math.log(2.0), 1.0), AlgorithmConfig(is_cap=1.5))
+    assert out.loss.item() == pytest.approx(-1.5, rel=1e-5)
+    assert out.metrics["is_ratio/truncated_frac"] == 1.0
+
+
+def test_tis_and_none():
+    # tis: clipped ratio on pi/pi_prox (=1) times min(pi/pi_behav, cap) = 3 -> -3
+    lp = math.log(0.6)
+    out = grpo.policy_loss(one_token(lp, lp, lp - math.log(3.0), 1.0), AlgorithmConfig(correction="tis", is_cap=5.0))
+    assert out.loss.item() == pytest.approx(-3.0, rel=1e-5)
+    # none: ratio pi/pi_behav = 3 clipped to 1.2 for a positive advantage
+    out = grpo.policy_loss(one_token(lp, lp, lp - math.log(3.0), 1.0), AlgorithmConfig(correction="none"))
+    assert out.loss.item() == pytest.approx(-1.2, rel=1e-5)
+
+
+def test_gradient_flows_only_through_current_logprobs():
+    x = torch.tensor([[0.1]], requires_grad=True)
+    inputs = LossInputs(x, torch.tensor([[0.1]]), torch.tensor([[0.1]]), torch.tensor([[1.0]]), torch.tensor([[1.0]]))
+    grpo.policy_loss(inputs, AlgorithmConfig()).loss.backward()
+    # d/dx of -exp(x - 0.1) * 1 at x = 0.1 is -1
+    assert x.grad.item() == pytest.approx(-1.0)
+
+
+def test_masked_mean_ignores_padding():
+    x = torch.tensor([[1.0, 3.0, 100.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0]])
+    assert masked_mean(x, mask).item() == pytest.approx(2.0)
+
+
+def test_kl_estimators_by_hand():
+    lp, ref = torch.tensor(0.0), torch.tensor(math.log(0.5))
+    assert kl_k1(lp, ref).item() == pytest.approx(math.log(2))
+    assert kl_k2(lp, ref).item() == pytest.approx(0.5 * math.log(2) ** 2)
+    # r = ref/pi = 0.5 -> 0.5 - 1 - log 0.5 = 0.19315
+    assert kl_k3(lp, ref).item() == pytest.approx(0.19315, abs=1e-5)
+    assert kl_k3(lp, lp).item() == 0.0
+
+
+def test_kl_penalty_in_loss():
+    cfg = AlgorithmConfig(kl_coef=0.5)
+    out = grpo.policy_loss(one_token(0.0, 0.0, 0.0, 0.0, ref=math.log(0.5)), cfg)
+    assert out.loss.item() == pytest.approx(0.5 * 0.19315, abs=1e-5)
+
+
+def test_registry_refuses_duplicates_and_lists_names():
+    with pytest.raises(ValueError, match="already registered"):
+        register_algorithm("grpo", grpo)
+    with pytest.raises(ValueError, match="registered: .*grpo"):
+        get_algorithm("nonexistent")
+    with pytest.raises(TypeError, match="policy_loss"):
+        register_algorithm("broken", types.SimpleNamespace(compute_advantages=lambda *a: None))
+    assert "grpo" in registered_algorithms()
+
+
+def test_user_plugin_by_dotted_path(tmp_path, monkeypatch):
+    pkg = tmp_path / "my_pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "my_algo.py").write_text(textwrap.dedent("""
+        from algorithms.grpo import policy_loss
+        def compute_advantages(rewards, group_index, cfg):
+            return rewards - rewards.mean()
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    algo = get_algorithm("my_pkg.my_algo")
+    adv = algo.compute_advantages(torch.tensor([1.0, 0.0]), torch.tensor([0, 0]), AlgorithmConfig())
+    assert adv.tolist() == [0.5, -0.5]
+    assert get_algorithm("my_pkg.my_algo") is algo
+    sys.modules.pop("my_pkg.my_algo", None)

@@ -1,0 +1,70 @@
+"""Config: types, unknown keys, impossible values, overrides; and the CLI's exit status 2."""
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from asyncrl.config import ConfigError, load_config, parse_override
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_defaults_and_yaml_and_overrides():
+    cfg = load_config(ROOT / "configs/smoke.yaml", ["learner.lr=1e-5", "run.steps=20", "logging.wandb=false"])
+    assert cfg.learner.lr == pytest.approx(1e-5) and isinstance(cfg.learner.lr, float)
+    assert cfg.run.steps == 20 and cfg.logging.wandb is False
+    assert cfg.rollout.group_size == 4  # from the YAML
+    assert cfg.groups_per_step == cfg.learner.batch_size // 4
+
+
+def test_default_yaml_loads():
+    cfg = load_config(ROOT / "configs/default.yaml")
+    assert cfg.rollout.cpu_affinity == [0] and cfg.learner.cpu_affinity == [1]
+
+
+def test_parse_override_types():
+    assert parse_override("a.b=3") == ("a.b", 3)
+    assert parse_override("a.b=1e-5") == ("a.b", 1e-5)
+    assert parse_override("a.b=true") == ("a.b", True)
+    assert parse_override("a.b=[0, 1]") == ("a.b", [0, 1])
+    assert parse_override("a.b=grpo") == ("a.b", "grpo")
+
+
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("learner.nope=1", "learner.nope"),
+        ("nosection.x=1", "nosection"),
+        ("run.steps=ten", "run.steps"),
+        ("run.steps=2.5", "run.steps"),
+        ("logging.wandb=3", "logging.wandb"),
+        ("buffer.max_staleness=-1", "buffer.max_staleness"),
+        ("learner.batch_size=10", "learner.batch_size"),
+        ("rollout.cpu_affinity=[a]", "rollout.cpu_affinity[0]"),
+        ("algorithm.correction=magic", "algorithm.correction"),
+    ],
+)
+def test_errors_name_the_key(override, key):
+    with pytest.raises(ConfigError) as err:
+        load_config(ROOT / "configs/smoke.yaml", [override])
+    assert err.value.key == key
+    assert str(err.value).startswith(key)
+
+
+def test_int_accepted_for_float():
+    assert load_config(None, ["learner.lr=1"]).learner.lr == 1.0
+
+
+@pytest.mark.parametrize(
+    "override, key",
+    [("learner.bogus=1", "learner.bogus"), ("run.steps=abc", "run.steps"), ("buffer.max_staleness=-1", "buffer.max_staleness"), ("learner.batch_size=6", "learner.batch_size")],
+)
+def test_cli_exits_2_naming_the_key(override, key):
+    proc = subprocess.run(
+        [sys.executable, "-m", "asyncrl.run", "--config", str(ROOT / "configs/smoke.yaml"), override],
+        capture_output=True, text=True, timeout=60, cwd=ROOT,
+    )
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and key in lines[0], proc.stderr
