@@ -1,0 +1,42 @@
+"""Shared fixtures: a random tiny model (fast), the warm-started tiny model (cached), and a Ray cluster."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("WANDB_SILENT", "true")
+
+
+@pytest.fixture(scope="session")
+def random_model_dir(tmp_path_factory) -> str:
+    """An untrained tiny Qwen2 in HF format (seconds to build)."""
+    from asyncrl.models.tiny import TinySpec, build_model, build_tokenizer, save_tokenizer
+
+    out = tmp_path_factory.mktemp("random_model")
+    tokenizer = build_tokenizer()
+    build_model(TinySpec(), len(tokenizer)).save_pretrained(out)
+    save_tokenizer(tokenizer, out)
+    return str(out)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir() -> str:
+    """The warm-started tiny model, built once into the repo cache (as `make run` does)."""
+    from asyncrl.models.tiny import resolve_model_path
+
+    return str(resolve_model_path("tiny", digits=2, seed=0, cache_dir=str(ROOT / ".cache/models")))
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    import ray
+
+    from asyncrl.controller import ACTOR_ENV
+
+    ray.init(num_cpus=2, runtime_env={"env_vars": ACTOR_ENV}, include_dashboard=False, logging_level="WARNING")
+    yield ray
+    ray.shutdown()

@@ -1,0 +1,75 @@
+"""ReplayBuffer in-process: staleness drops, admission, exactly-one status per sample."""
+import asyncio
+
+from actors.buffer import ReplayBuffer
+from asyncrl.config import load_config
+from asyncrl.schema import new_sample
+from asyncrl.store import read_trajectories
+
+
+def group(gid, version, size=2, status=None):
+    return [new_sample(sample_id=f"{gid}-{i}", group_id=gid, policy_version_start=version, reward=float(i),
+                       prompt_ids=[1], response_ids=[2], behavior_logprobs=[-1.0], status=status) for i in range(size)]
+
+
+def make(tmp_path, *overrides):
+    cfg = load_config(None, ["rollout.group_size=2", "learner.batch_size=4", "buffer.capacity_groups=6", *overrides])
+    return ReplayBuffer(cfg, str(tmp_path / "traj"))
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_admission_follows_staleness_rule(tmp_path):
+    async def scenario():
+        buf = make(tmp_path, "buffer.max_staleness=1")  # 2 groups/step, sync_every 1
+        assert await buf.admit(10) == 4  # (0 + 1 + 1) * 2
+        assert await buf.admit(1) == 0
+        await buf.set_version(1)
+        assert await buf.admit(10) == 2  # capacity 6 groups total live at v1
+        return buf.counts
+    counts = run(scenario())
+    assert counts["admitted"] == 6 and counts["refused"] == 3  # three calls got less than asked
+
+
+def test_never_hands_out_stale_and_records_every_sample(tmp_path):
+    async def scenario():
+        buf = make(tmp_path, "buffer.max_staleness=1")
+        await buf.admit(4)
+        for gid, v in [("a", 0), ("b", 2), ("c", 1), ("d", 2)]:
+            await buf.put(group(gid, v))
+        batch = await buf.get_batch(2, version=2, step=0, timeout_s=1.0)  # a is 2 behind: dropped
+        assert [s["group_id"] for s in batch] == ["b", "b", "c", "c"]
+        assert all(s["status"] == "consumed" and s["consumed_version"] == 2 for s in batch)
+        assert await buf.get_batch(2, version=2, step=1, timeout_s=0.05) is None  # only d left: times out
+        await buf.put(group("e", 0, status="dropped_error"))
+        return await buf.close()
+    counts = run(scenario())
+    assert counts["dropped_stale"] == 2 and counts["consumed"] == 4 and counts["unconsumed"] == 2
+    table = read_trajectories(tmp_path / "traj").to_pylist()
+    statuses = {r["sample_id"]: r["status"] for r in table}
+    assert len(statuses) == len(table) == 10  # every sample once
+    assert statuses["a-0"] == "dropped_stale" and statuses["d-1"] == "unconsumed_at_end" and statuses["e-0"] == "dropped_error"
+
+
+def test_get_batch_waits_for_a_put(tmp_path):
+    async def scenario():
+        buf = make(tmp_path, "buffer.max_staleness=0")
+        await buf.admit(2)
+        waiter = asyncio.create_task(buf.get_batch(2, version=0, step=0, timeout_s=5.0))
+        await asyncio.sleep(0.05)
+        assert not waiter.done()
+        await buf.put(group("x", 0))
+        await buf.put(group("y", 0))
+        return await waiter
+    assert len(run(scenario())) == 4
+
+
+def test_dropped_groups_free_admission(tmp_path):
+    async def scenario():
+        buf = make(tmp_path, "buffer.max_staleness=0")
+        assert await buf.admit(5) == 2
+        await buf.put(group("bad", 0, status="dropped_error"))
+        return await buf.admit(5)
+    assert run(scenario()) == 1
