@@ -1,0 +1,35 @@
+"""Weights arrive: after a broadcast over the real gloo group, the vLLM engine scores a fixed
+sequence exactly as the learner does, and differently from before."""
+import ray
+
+from actors.learner import Learner
+from asyncrl.config import load_config
+from asyncrl.controller import Controller
+from tests.test_learner import fake_samples
+
+SEQ = [1, 4, 6, 13, 5, 8, 14, 7, 9, 2]  # "<s>13+25=46</s>" in the tiny tokenizer's ids
+
+
+def test_broadcast_reaches_the_engine(ray_local, random_model_dir, tmp_path):
+    cfg = load_config(None, [
+        "rollout.group_size=4", "learner.batch_size=16", "learner.lr=1e-2", "learner.sync_bucket_mb=0.05",
+        "logging.wandb=false", f"run.output_dir={tmp_path}",
+    ])
+    ctl = Controller(cfg, tmp_path, random_model_dir)
+    try:
+        engine_before = ray.get(ctl.workers[0].sequence_logprobs.remote(SEQ))
+        learner_before = ray.get(ctl.learner.sequence_logprobs.remote(SEQ))
+        assert max(abs(a - b) for a, b in zip(engine_before, learner_before)) < 1e-3  # same start
+
+        ray.get(ctl.learner.train_step.remote(fake_samples(), 0))
+        learner_after = ray.get(ctl.learner.sequence_logprobs.remote(SEQ))
+        sync = ctl.sync_weights()
+        engine_after = ray.get(ctl.workers[0].sequence_logprobs.remote(SEQ))
+
+        assert max(abs(a - b) for a, b in zip(engine_after, learner_after)) < 1e-3
+        assert max(abs(a - b) for a, b in zip(engine_after, engine_before)) > 1e-3
+        n_params = sum(p.numel() for p in Learner(cfg, random_model_dir).model.parameters())
+        assert sync["bytes"] == 4 * n_params  # every fp32 weight, in several 50 KiB buckets
+        assert ray.get(ctl.workers[0].stats.remote())["version"] == 1
+    finally:
+        ctl.shutdown()
