@@ -89,9 +89,12 @@ class Controller:
 
     def step(self, step: int) -> dict:
         t0 = time.perf_counter()
-        batch = self.buffer.get_batch.remote(self.cfg.groups_per_step, self.version, step, self.cfg.buffer.sample_timeout_s)
-        ray.wait([batch])
+        timeout = self.cfg.buffer.sample_timeout_s
+        batch = ray.get(self.buffer.get_batch.remote(self.cfg.groups_per_step, self.version, step, timeout))
         waited = time.perf_counter() - t0
+        if batch is None:
+            stats = ray.get([w.stats.remote() for w in self.workers])
+            raise RuntimeError(f"no batch within buffer.sample_timeout_s={timeout}s at step {step}; rollout workers: {stats}")
         metrics = ray.get(self.learner.train_step.remote(batch, self.version))
         sync = {"seconds": 0.0, "bytes": 0}
         if (step + 1) % self.cfg.learner.sync_every == 0 or step == self.cfg.run.steps - 1:
