@@ -21,10 +21,11 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from actors.buffer import ReplayBuffer
 from actors.learner import Learner
 from actors.rollout import RolloutWorker
+from algorithms import get_algorithm
 from asyncrl.config import Config
 from asyncrl.metrics import MetricsSink
 from asyncrl.models.tiny import resolve_model_path
-from asyncrl.tasks import make_task
+from asyncrl.tasks import make_reward, make_task
 from asyncrl.weights import free_port
 
 ACTOR_ENV = {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "VLLM_NO_USAGE_STATS": "1", "WANDB_SILENT": "true", "VLLM_LOGGING_LEVEL": "ERROR"}
@@ -137,6 +138,13 @@ class Controller:
             ray.kill(actor)
 
 
+def check_plugins(cfg: Config) -> None:
+    """Task, reward and algorithm resolve before Ray starts (ValueError naming the culprit)."""
+    make_task(cfg.task.name, cfg.task.digits, cfg.task.eval_size, cfg.run.seed)
+    make_reward(cfg.task.reward)
+    get_algorithm(cfg.algorithm.name)
+
+
 def prepare_run_dir(cfg: Config) -> Path:
     run_dir = Path(cfg.run.output_dir).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -146,8 +154,9 @@ def prepare_run_dir(cfg: Config) -> Path:
 
 def run(cfg: Config) -> dict:
     """Train according to `cfg`; writes the run directory and returns the summary."""
-    run_dir = prepare_run_dir(cfg)
+    check_plugins(cfg)
     model_path = str(resolve_model_path(cfg.model.path, cfg.task.digits, cfg.run.seed, cfg.model.cache_dir))
+    run_dir = prepare_run_dir(cfg)
     started = connect_ray(cfg)
     sink = MetricsSink(run_dir, cfg.to_dict(), cfg.logging.wandb, cfg.logging.wandb_project, cfg.logging.wandb_mode, cfg.logging.console)
     controller = None

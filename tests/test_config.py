@@ -68,3 +68,18 @@ def test_cli_exits_2_naming_the_key(override, key):
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and key in lines[0], proc.stderr
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [("algorithm.name=nope", "unknown algorithm 'nope'; registered: grpo"), ("task.reward=nope.fn", "cannot import module 'nope'"),
+     ("model.path=/nonexistent/model", "/nonexistent/model")],
+)
+def test_cli_names_bad_plugins_and_model_paths_before_ray(override, message, tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "asyncrl.run", "--config", str(ROOT / "configs/smoke.yaml"), override, f"run.output_dir={tmp_path}/r"],
+        capture_output=True, text=True, timeout=120, cwd=ROOT,
+    )
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "r").exists()  # nothing written for a run that never started
