@@ -28,15 +28,15 @@ class ReplayBuffer:
         self.version = 0
         self.live = 0  # admitted and not dropped
         self.outstanding = 0  # admitted, not yet consumed or dropped
-        self.counts = {"admitted": 0, "refused": 0, "consumed": 0, "dropped_stale": 0, "dropped_error": 0, "aborted": 0}
+        self.counts = {"admitted_groups": 0, "refused_admissions": 0, "consumed": 0, "dropped_stale": 0, "dropped_error": 0, "aborted": 0}
         self.changed = asyncio.Condition()
 
     async def admit(self, requested: int) -> int:
         n = admissible(requested, self.live, self.outstanding, self.version, self.max_staleness, self.groups_per_version, self.capacity)
         self.live += n
         self.outstanding += n
-        self.counts["admitted"] += n
-        self.counts["refused"] += int(n < requested)
+        self.counts["admitted_groups"] += n
+        self.counts["refused_admissions"] += int(n < requested)
         return n
 
     async def set_version(self, version: int) -> None:

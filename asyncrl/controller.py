@@ -129,7 +129,7 @@ class Controller:
         return {
             "rollout/tokens_per_s": rate, "rollout/idle_frac": idle / max(busy + idle, 1e-9),
             "rollout/inflight_groups": sum(s["inflight_groups"] for s in stats),
-            "buffer/buffered_groups": buf["buffered_groups"], "buffer/refused_admissions": buf["refused"],
+            "buffer/buffered_groups": buf["buffered_groups"], "buffer/refused_admissions": buf["refused_admissions"],
             "buffer/dropped_stale": buf["dropped_stale"], "buffer/dropped_error": buf["dropped_error"],
         }
 

@@ -30,7 +30,7 @@ def test_admission_follows_staleness_rule(tmp_path):
         assert await buf.admit(10) == 2  # capacity 6 groups total live at v1
         return buf.counts
     counts = run(scenario())
-    assert counts["admitted"] == 6 and counts["refused"] == 3  # three calls got less than asked
+    assert counts["admitted_groups"] == 6 and counts["refused_admissions"] == 3  # three calls got less than asked
 
 
 def test_never_hands_out_stale_and_records_every_sample(tmp_path):

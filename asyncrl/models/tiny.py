@@ -44,11 +44,12 @@ class TinySpec:
     digits: int = 2
     seed: int = 0
     p_correct: float = 0.4
-    sft_steps: int = 1500
+    exact_frac: float = 0.7
+    sft_steps: int = 900
     batch_size: int = 128
     lr: float = 2e-3
     hidden_size: int = 128
-    num_layers: int = 2
+    num_layers: int = 3
     num_heads: int = 2
     intermediate_size: int = 384
     eval_size: int = 200
@@ -115,10 +116,16 @@ def build_model(spec: TinySpec, vocab_size: int) -> Qwen2ForCausalLM:
 
 # ----------------------------------------------------------------------------- SFT data
 def sft_examples(spec: TinySpec, task: AdditionTask) -> Iterator[tuple[str, str]]:
-    """(prompt, answer) pairs from the train stream; the answer is a p_correct mixture."""
+    """(prompt, answer) pairs from the train stream (never the eval set).
+
+    Curriculum: the first `exact_frac` of the steps teach exact sums (a strong carry signal,
+    so the carry circuit forms reliably); the rest use the mixture, where the answer is the
+    true sum with probability p_correct and the carry-free sum otherwise.
+    """
     coin = random.Random(spec.seed + 1)
-    for a, b in task.train_pairs(spec.seed):
-        right = coin.random() < spec.p_correct
+    n_exact = int(spec.exact_frac * spec.sft_steps) * spec.batch_size
+    for i, (a, b) in enumerate(task.train_pairs(spec.seed)):
+        right = i < n_exact or coin.random() < spec.p_correct
         yield f"{a}+{b}=", str(a + b if right else carry_free_sum(a, b))
 
 
@@ -141,8 +148,8 @@ def sft_batch(
 
 def warm_start(model: Qwen2ForCausalLM, tokenizer: PreTrainedTokenizerFast, spec: TinySpec,
                task: AdditionTask) -> float:
-    """AdamW with linear warmup + cosine decay; returns the final-step loss."""
-    opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=0.01)
+    """AdamW (beta2=0.98, grad clip 1) with warmup + cosine decay; returns the last loss."""
+    opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, betas=(0.9, 0.98), weight_decay=0.01)
     warm = max(1, spec.sft_steps // 20)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / warm) * 0.5 * (1 + math.cos(math.pi * s / spec.sft_steps))
@@ -154,6 +161,7 @@ def warm_start(model: Qwen2ForCausalLM, tokenizer: PreTrainedTokenizerFast, spec
         loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
     model.eval()
@@ -221,14 +229,21 @@ def sample_accuracy(model: torch.nn.Module, tokenizer: PreTrainedTokenizerFast,
 
 # ----------------------------------------------------------------------------- build + cache
 def build_tiny_model(out_dir: Path, spec: TinySpec) -> dict:
-    """Build tokenizer + model, warm-start, measure, and save to `out_dir` atomically."""
-    t0 = time.time()
-    torch.set_num_threads(min(2, os.cpu_count() or 1))
-    task = AdditionTask(spec.digits, spec.eval_size, spec.seed)
-    tokenizer = build_tokenizer()
-    model = build_model(spec, len(tokenizer))
-    final_loss = warm_start(model, tokenizer, spec, task)
-    metrics = _measure(model, tokenizer, task, spec)
+    """Build tokenizer + model, warm-start, measure, and save to `out_dir` atomically.
+
+    Runs single-threaded: results then do not depend on the thread count (same seed, same
+    weights), and 2 OpenMP threads on a busy 2-core box can be ~100x slower per step.
+    """
+    t0, threads = time.time(), torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        task = AdditionTask(spec.digits, spec.eval_size, spec.seed)
+        tokenizer = build_tokenizer()
+        model = build_model(spec, len(tokenizer))
+        final_loss = warm_start(model, tokenizer, spec, task)
+        metrics = _measure(model, tokenizer, task, spec)
+    finally:
+        torch.set_num_threads(threads)
     metrics.update(final_sft_loss=round(final_loss, 4), seconds=round(time.time() - t0, 1))
     _save_atomic(Path(out_dir), model, tokenizer, {"spec": asdict(spec), "metrics": metrics})
     return metrics
@@ -251,6 +266,7 @@ def _save_atomic(out_dir: Path, model: Qwen2ForCausalLM, tokenizer: PreTrainedTo
     """Write into a sibling temp dir, then rename it into place (never half-written)."""
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
+    tmp.chmod(0o755)  # mkdtemp makes it 0700
     try:
         model.save_pretrained(tmp)
         save_tokenizer(tokenizer, tmp)
