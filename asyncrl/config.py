@@ -16,6 +16,8 @@ from typing import Any
 
 import yaml
 
+from asyncrl.tasks import TINY_HELD_OUT
+
 
 class ConfigError(ValueError):
     """A config problem; `key` is the dotted key at fault."""
@@ -250,6 +252,11 @@ def validate(cfg: Config) -> Config:
     _check(cfg.model.dtype in ("float32", "bfloat16", "float16"), "model.dtype", "must be float32, bfloat16 or float16")
     _check(cfg.model.max_model_len > r.max_new_tokens, "model.max_model_len", "must exceed rollout.max_new_tokens")
     _check(cfg.task.eval_size >= 1, "task.eval_size", "must be >= 1")
+    _check(
+        cfg.model.path != "tiny" or cfg.task.eval_size <= TINY_HELD_OUT,
+        "task.eval_size",
+        f"must be <= {TINY_HELD_OUT} with model.path=tiny (its warm-start held out only that many problems)",
+    )
     _check(1 <= cfg.task.digits <= 6, "task.digits", "must be in 1..6")
     _check(r.num_workers >= 1, "rollout.num_workers", "must be >= 1")
     _check(r.group_size >= 2, "rollout.group_size", "must be >= 2 (group-relative advantages need a group)")

@@ -16,6 +16,9 @@ from dataclasses import dataclass
 
 RewardFn = Callable[["Prompt", str], float]
 
+TINY_HELD_OUT = 200
+"""Eval problems the tiny model's warm-start never trains on (a larger eval set would leak)."""
+
 
 @dataclass(frozen=True)
 class Prompt:

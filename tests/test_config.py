@@ -43,6 +43,7 @@ def test_parse_override_types():
         ("learner.batch_size=10", "learner.batch_size"),
         ("rollout.cpu_affinity=[a]", "rollout.cpu_affinity[0]"),
         ("algorithm.correction=magic", "algorithm.correction"),
+        ("task.eval_size=500", "task.eval_size"),
     ],
 )
 def test_errors_name_the_key(override, key):

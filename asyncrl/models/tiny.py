@@ -2,10 +2,10 @@
 
 Why this exists: RL post-training only helps a policy that already puts some probability
 on correct answers. Downloading a real LLM is not possible on a CPU-only, offline box, so
-we build a ~0.6M-parameter Qwen2 model with a character-level tokenizer and warm-start it
-with supervised fine-tuning on a *mixture*: the true sum with probability `p_correct`,
-otherwise the carry-free sum. The result "knows" addition but has not committed to it on
-problems with carries, which is exactly the state in which GRPO-style sharpening pays off.
+we build a ~0.65M-parameter Qwen2 model with a character-level tokenizer and warm-start it
+with supervised fine-tuning: first on exact sums, then on a *mixture* (the true sum with
+probability `p_correct`, otherwise the carry-free sum). The result "knows" addition but has
+not committed to it on problems with carries: the state in which GRPO-style sharpening pays.
 The saved directory is a normal HF model dir, so vLLM and `AutoModelForCausalLM` load it,
 and `resolve_model_path` treats it like any other local model (e.g. Qwen2.5-0.5B on a GPU).
 """
@@ -29,7 +29,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-from asyncrl.tasks import AdditionTask, Prompt, carry_free_sum, exact_match
+from asyncrl.tasks import TINY_HELD_OUT, AdditionTask, Prompt, carry_free_sum, exact_match
 
 BUILD_VERSION = 1  # bump when the recipe changes so cached models are rebuilt
 PAD, BOS, EOS = "<pad>", "<s>", "</s>"
@@ -43,16 +43,16 @@ class TinySpec:
 
     digits: int = 2
     seed: int = 0
-    p_correct: float = 0.4
-    exact_frac: float = 0.7
-    sft_steps: int = 900
+    p_correct: float = 0.35
+    exact_frac: float = 0.6
+    sft_steps: int = 1000
     batch_size: int = 128
     lr: float = 2e-3
     hidden_size: int = 128
     num_layers: int = 3
     num_heads: int = 2
     intermediate_size: int = 384
-    eval_size: int = 200
+    eval_size: int = TINY_HELD_OUT
     samples_per_prompt: int = 8
 
     def key(self) -> str:
@@ -133,12 +133,10 @@ def sft_batch(
     tokenizer: PreTrainedTokenizerFast, examples: Sequence[tuple[str, str]]
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Right-padded ids, attention mask and labels (loss on answer + EOS only)."""
-    rows, labels = [], []
-    for prompt, answer in examples:
-        p = tokenizer(prompt).input_ids
-        a = tokenizer(answer, add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
-        rows.append(p + a)
-        labels.append([-100] * len(p) + a)
+    prompts = tokenizer([p for p, _ in examples]).input_ids
+    answers = tokenizer([a for _, a in examples], add_special_tokens=False).input_ids
+    rows = [p + a + [tokenizer.eos_token_id] for p, a in zip(prompts, answers)]
+    labels = [[-100] * len(p) + a + [tokenizer.eos_token_id] for p, a in zip(prompts, answers)]
     width = max(map(len, rows))
     ids = torch.tensor([r + [tokenizer.pad_token_id] * (width - len(r)) for r in rows])  # [B, T]
     lab = torch.tensor([r + [-100] * (width - len(r)) for r in labels])  # [B, T]
@@ -146,14 +144,20 @@ def sft_batch(
     return ids, mask, lab
 
 
+def lr_factor(step: int, spec: TinySpec) -> float:
+    """Linear warmup, constant through the exact phase, cosine decay over the mixture phase."""
+    n_exact = int(spec.exact_frac * spec.sft_steps)
+    warm = min(1.0, (step + 1) / max(1, spec.sft_steps // 20))
+    if step < n_exact:
+        return warm
+    return warm * 0.5 * (1 + math.cos(math.pi * (step - n_exact) / (spec.sft_steps - n_exact)))
+
+
 def warm_start(model: Qwen2ForCausalLM, tokenizer: PreTrainedTokenizerFast, spec: TinySpec,
                task: AdditionTask) -> float:
-    """AdamW (beta2=0.98, grad clip 1) with warmup + cosine decay; returns the last loss."""
+    """AdamW (beta2=0.98, grad clip 1) on answer tokens; returns the last-step loss."""
     opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, betas=(0.9, 0.98), weight_decay=0.01)
-    warm = max(1, spec.sft_steps // 20)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / warm) * 0.5 * (1 + math.cos(math.pi * s / spec.sft_steps))
-    )
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, spec))
     stream, loss = sft_examples(spec, task), torch.tensor(float("nan"))
     model.train()
     for _ in range(spec.sft_steps):
@@ -181,7 +185,8 @@ def generate(model: torch.nn.Module, tokenizer: PreTrainedTokenizerFast, texts: 
         by_len.setdefault(len(ids), []).append(i)
     for idx in by_len.values():
         ids = torch.tensor([encoded[i] for i in idx])  # [B, T]
-        new = _decode_loop(model, ids, tokenizer.eos_token_id, max_new_tokens, temperature, generator)
+        eos = tokenizer.eos_token_id
+        new = _decode_loop(model, ids, eos, max_new_tokens, temperature, generator)
         for i, row in zip(idx, new):
             out[i] = tokenizer.decode(row, skip_special_tokens=True)
     return out
@@ -284,7 +289,8 @@ def resolve_model_path(path: str, digits: int, seed: int, cache_dir: str) -> Pat
     """'tiny' -> the cached tiny model (built on first use); else a local HF model dir."""
     if path == "tiny":
         spec = TinySpec(digits=digits, seed=seed)
-        return _cached_build(Path(cache_dir) / f"tiny-addition-d{digits}-s{seed}-{spec.key()}", spec)
+        name = f"tiny-addition-d{digits}-s{seed}-{spec.key()}"
+        return _cached_build(Path(cache_dir) / name, spec)
     model_dir = Path(path).expanduser()
     if not model_dir.is_dir():
         raise ValueError(f"model path {path!r} is not an existing directory "
@@ -306,7 +312,7 @@ def _cached_build(out_dir: Path, spec: TinySpec) -> Path:
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, help="build into DIR (default: the .cache/models cache)")
+    parser.add_argument("--out", type=Path, help="build into DIR (default: .cache/models cache)")
     parser.add_argument("--digits", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
