@@ -82,9 +82,12 @@ def test_generation_overlaps_training(async_run):
     assert during, "no sample finished while the learner was training"
 
 
-def test_synchronous_mode(tiny_model_dir, tmp_path):
-    run_smoke(tmp_path, tiny_model_dir, "buffer.max_staleness=0", "run.steps=3", "run.eval=false")
+def test_synchronous_mode_publishing_every_two_steps(tiny_model_dir, tmp_path):
+    run_smoke(tmp_path, tiny_model_dir, "buffer.max_staleness=0", "learner.sync_every=2", "run.steps=4", "run.eval=false")
     rows = read_trajectories(tmp_path / "trajectories").to_pylist()
     consumed = [r for r in rows if r["status"] == "consumed"]
-    assert len(consumed) == 3 * 16
-    assert all(r["consumed_version"] == r["policy_version_start"] for r in consumed)
+    assert len(consumed) == 4 * 16
+    assert all(r["consumed_version"] == r["policy_version_start"] for r in consumed)  # on-policy
+    # steps 0-1 train at version 0, steps 2-3 at version 1 (published after step 1)
+    assert {(r["consumed_step"], r["consumed_version"]) for r in consumed} == {(0, 0), (1, 0), (2, 1), (3, 1)}
+    assert [m["policy_version"] for m in metrics_of(tmp_path)] == [0, 1, 1, 2]
