@@ -48,10 +48,11 @@ class VLLMEngine:
         self.engine = self.llm.llm_engine
         self.tokenizer = self.llm.get_tokenizer()
 
-    def sampling_params(self, temperature: float, top_p: float, max_tokens: int, seed: int | None = None):
+    def sampling_params(self, temperature: float, top_p: float, max_tokens: int):
+        """Per-request sampling, no per-request seed (a shared seed would give every request one stream)."""
         from vllm import SamplingParams
 
-        return SamplingParams(temperature=temperature, top_p=top_p, max_tokens=max_tokens, logprobs=0, seed=seed)
+        return SamplingParams(temperature=temperature, top_p=top_p, max_tokens=max_tokens, logprobs=0)
 
     def add(self, request_id: str, prompt_ids: list[int], params) -> None:
         self.engine.add_request(request_id, {"prompt_token_ids": prompt_ids}, params)

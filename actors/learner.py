@@ -65,12 +65,9 @@ class Learner:
 
     def init_weight_sync(self, host: str, port: int, world_size: int) -> bool:
         self.params = [p for _, p in self.model.named_parameters()]
-        self.buckets = plan_buckets(tensor_meta(self.model.named_parameters()), self.bucket_bytes())
+        self.buckets = plan_buckets(tensor_meta(self.model.named_parameters()), self.cfg.learner.sync_bucket_bytes)
         self.group = init_group(host, port, 0, world_size, self.backend())
         return True
-
-    def bucket_bytes(self) -> int:
-        return int(self.cfg.learner.sync_bucket_mb * 2**20)
 
     def broadcast_weights(self) -> dict:
         t0 = time.monotonic()

@@ -118,6 +118,10 @@ class LearnerConfig:
     torch_threads: int = 1
     """Intra-op threads for the learner's torch."""
 
+    @property
+    def sync_bucket_bytes(self) -> int:
+        return int(self.sync_bucket_mb * 2**20)
+
 
 @dataclass
 class AlgorithmConfig:

@@ -63,7 +63,7 @@ class Controller:
         port = free_port(host) if len(nodes) == 1 else ray.get(self.learner.pick_port.remote(host))
         meta, backend = ray.get([self.learner.weight_meta.remote(), self.learner.backend.remote()])
         world = 1 + len(self.workers)
-        bucket = int(self.cfg.learner.sync_bucket_mb * 2**20)
+        bucket = self.cfg.learner.sync_bucket_bytes
         refs = [self.learner.init_weight_sync.remote(host, port, world)]
         refs += [w.init_weight_sync.remote(host, port, 1 + i, world, backend, meta, bucket) for i, w in enumerate(self.workers)]
         ray.get(refs)
@@ -81,7 +81,7 @@ class Controller:
         ends = ray.get([w.stop.remote() for w in self.workers])
         buffer_counts = ray.get(self.buffer.close.remote())
         after = self.evaluate() if cfg.run.eval else float("nan")
-        self.final_path = ray.get(self.learner.save.remote(str(self.run_dir / "final_model"), self.model_path))
+        ray.get(self.learner.save.remote(str(self.run_dir / "final_model"), self.model_path))
         return {
             "steps": cfg.run.steps, "wall_s": time.time() - t_start, "policy_version": self.version,
             "eval/accuracy_before": before, "eval/accuracy_after": after,

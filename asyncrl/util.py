@@ -2,9 +2,6 @@
 from __future__ import annotations
 
 import os
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 
 def pin_to_cores(cores: list[int]) -> list[int]:
@@ -14,12 +11,3 @@ def pin_to_cores(cores: list[int]) -> list[int]:
         os.sched_setaffinity(0, usable)
     return usable
 
-
-@contextmanager
-def timer(out: dict[str, float], key: str) -> Iterator[None]:
-    """Adds the seconds spent in the block to out[key]."""
-    t0 = time.perf_counter()
-    try:
-        yield
-    finally:
-        out[key] = out.get(key, 0.0) + time.perf_counter() - t0
