@@ -105,7 +105,7 @@ def test_registry_refuses_duplicates_and_lists_names():
         get_algorithm("nonexistent")
     with pytest.raises(TypeError, match="policy_loss"):
         register_algorithm("broken", types.SimpleNamespace(compute_advantages=lambda *a: None))
-    assert "grpo" in registered_algorithms()
+    assert {"grpo", "rloo", "reinforce_pp"} <= set(registered_algorithms())
 
 
 def test_user_plugin_by_dotted_path(tmp_path, monkeypatch):
@@ -123,3 +123,19 @@ def test_user_plugin_by_dotted_path(tmp_path, monkeypatch):
     assert adv.tolist() == [0.5, -0.5]
     assert get_algorithm("my_pkg.my_algo") is algo
     sys.modules.pop("my_pkg.my_algo", None)
+
+
+def test_rloo_leave_one_out_by_hand():
+    rloo = get_algorithm("rloo")
+    # group of 3 rewards [1, 0, 0]: baselines are mean of the others = [0, 0.5, 0.5]
+    adv = rloo.compute_advantages(torch.tensor([1.0, 0.0, 0.0]), torch.tensor([0, 0, 0]), AlgorithmConfig())
+    assert adv.tolist() == pytest.approx([1.0, -0.5, -0.5])
+
+
+def test_reinforce_pp_batch_whitening_by_hand():
+    rpp = get_algorithm("reinforce_pp")
+    rewards = torch.tensor([1.0, 0.0, 1.0, 1.0])
+    groups = torch.tensor([0, 0, 1, 1])
+    # group-centred: [0.5, -0.5, 0, 0]; batch std (unbiased) = sqrt(0.5 / 3) = 0.40825
+    adv = rpp.compute_advantages(rewards, groups, AlgorithmConfig())
+    assert adv.tolist() == pytest.approx([1.22474, -1.22474, 0.0, 0.0], abs=1e-4)

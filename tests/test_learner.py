@@ -1,4 +1,5 @@
 """The learner in-process on a random tiny model: it learns, and batching does not change the update."""
+import pytest
 import torch
 
 from actors.learner import Learner
@@ -56,8 +57,9 @@ def test_micro_batch_accumulation_matches_whole_batch(random_model_dir):
         torch.testing.assert_close(a.grad, b.grad, atol=1e-6, rtol=1e-4)
 
 
-def test_positive_advantage_raises_its_logprob(random_model_dir):
-    lrn = learner(random_model_dir, "learner.lr=3e-3")
+@pytest.mark.parametrize("algorithm", ["grpo", "rloo", "reinforce_pp"])
+def test_positive_advantage_raises_its_logprob(random_model_dir, algorithm):
+    lrn = learner(random_model_dir, "learner.lr=3e-3", f"algorithm.name={algorithm}")
     samples = fake_samples()
     batch = collate(samples, 0)
     rewarded = torch.tensor([s["reward"] == 1.0 for s in samples])
