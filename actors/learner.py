@@ -16,7 +16,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from algorithms import LossInputs, get_algorithm
-from algorithms.base import kl_k3, masked_mean
+from algorithms.base import KL_ESTIMATORS, kl_k3, masked_mean
 from asyncrl.batching import Batch, collate, sequence_stats, token_logprobs
 from asyncrl.config import Config
 from asyncrl.util import pin_to_cores
@@ -91,7 +91,7 @@ class Learner:
         mask = batch.response_mask
         metrics.update(sequence_stats(samples, version))
         metrics.update({
-            "kl/ref": masked_mean(kl_k3(proximal, ref), mask).item(),
+            **{f"kl/ref_{k}": masked_mean(fn(proximal, ref), mask).item() for k, fn in KL_ESTIMATORS.items()},
             "kl/behavior": masked_mean(kl_k3(batch.behavior_logprobs, proximal), mask).item(),
             "learner/entropy": masked_mean(entropy, mask).item(),
             "learner/advantage_abs_mean": advantages.abs().mean().item(),
@@ -99,23 +99,29 @@ class Learner:
             "time/train_start": t0,
             "time/train_end": time.time(),
         })
+        metrics["kl/ref"] = metrics[f"kl/ref_{self.cfg.algorithm.kl_estimator}"]
         self.steps_done += 1
         return metrics
 
     def _updates(self, batch: Batch, proximal, ref, adv) -> tuple[dict, int]:
+        """Mini-batch updates; each is the mean over its units whatever the micro-batch split."""
         lcfg, acc, skipped = self.cfg.learner, {}, 0
-        order = torch.arange(batch.size)
-        for mini in order.chunk(lcfg.mini_batches):
+        for mini in torch.arange(batch.size).chunk(lcfg.mini_batches):
             self.opt.zero_grad(set_to_none=True)
-            mini_tokens = batch.response_mask[mini].sum().clamp(min=1)
+            outs = []
             for micro in mini.split(lcfg.micro_batch_size):
                 sub = batch.select(micro)
                 logprobs = token_logprobs(self.model, sub, self.cfg.rollout.temperature)[0]
                 inputs = LossInputs(logprobs, proximal[micro], sub.behavior_logprobs, adv[micro], sub.response_mask, ref[micro])
                 out = self.algo.policy_loss(inputs, self.cfg.algorithm)
-                weight = sub.response_mask.sum() / mini_tokens
-                (out.loss * weight).backward()
-                _accumulate(acc, {**out.metrics, "loss/policy": out.loss.item()}, weight.item() / lcfg.mini_batches)
+                (out.loss * out.weight).backward()  # a sum over units; divided by their total below
+                outs.append(out)
+            total = sum(o.weight for o in outs) or 1.0
+            for p in self.model.parameters():
+                if p.grad is not None:
+                    p.grad /= total
+            for o in outs:
+                _accumulate(acc, {**o.metrics, "loss/policy": o.loss.item()}, o.weight / total / lcfg.mini_batches)
             skipped += int(not self._optimizer_step(acc))
         return acc, skipped
 

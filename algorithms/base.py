@@ -32,8 +32,9 @@ class LossInputs:
 
 @dataclass
 class LossOutput:
-    loss: torch.Tensor  # scalar, token-mean over this micro-batch
+    loss: torch.Tensor  # scalar: a mean over `weight` units (tokens or sequences) of this micro-batch
     metrics: dict[str, float] = field(default_factory=dict)
+    weight: float = 1.0  # how many units `loss` averages; the learner re-weights micro-batches by it
 
 
 class Algorithm(Protocol):
@@ -89,6 +90,24 @@ def masked_min(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return torch.where(mask > 0, x, torch.full_like(x, torch.inf)).min()
 
 
+def aggregate(per_token: torch.Tensor, mask: torch.Tensor, mode: str) -> tuple[torch.Tensor, float]:
+    """(loss, units): token_mean averages all response tokens; seq_mean averages per-sequence token means."""
+    if mode == "token_mean":
+        tokens = mask.sum()
+        return (per_token * mask).sum() / tokens.clamp(min=1.0), tokens.item()
+    per_seq = (per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)  # [B]
+    return per_seq.mean(), float(per_seq.numel())
+
+
+def effective_sample_size(weights: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Normalised ESS of importance weights over masked tokens: (sum w)^2 / (n sum w^2), in (0, 1]."""
+    w = weights * mask
+    return w.sum() ** 2 / (mask.sum() * (w**2).sum()).clamp(min=1e-12)
+
+
+KL_ESTIMATORS = {}  # filled below: name -> per-token estimator
+
+
 def kl_k1(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
     """Per-token k1 estimate of KL(pi || ref) on tokens sampled from pi: log pi - log ref."""
     return logprobs - ref_logprobs
@@ -103,6 +122,9 @@ def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
     """Per-token k3 (Schulman): r - 1 - log r with r = ref / pi; unbiased and >= 0."""
     log_r = ref_logprobs - logprobs
     return torch.exp(log_r) - 1.0 - log_r
+
+
+KL_ESTIMATORS.update(k1=kl_k1, k2=kl_k2, k3=kl_k3)
 
 
 def group_relative_advantages(

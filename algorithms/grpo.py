@@ -16,8 +16,10 @@ import torch
 from algorithms.base import (
     LossInputs,
     LossOutput,
+    KL_ESTIMATORS,
+    aggregate,
+    effective_sample_size,
     group_relative_advantages,
-    kl_k3,
     masked_max,
     masked_mean,
     masked_min,
@@ -46,9 +48,9 @@ def policy_loss(inputs: LossInputs, cfg: Any) -> LossOutput:
     adv = inputs.advantages  # [B, T]
     per_token = -torch.minimum(ratio * adv, clipped * adv) * weight
     if inputs.ref_logprobs is not None and cfg.kl_coef > 0:
-        per_token = per_token + cfg.kl_coef * kl_k3(inputs.logprobs, inputs.ref_logprobs)
-    loss = masked_mean(per_token, mask)
-    return LossOutput(loss=loss, metrics=_metrics(inputs, ratio, weight, cfg))
+        per_token = per_token + cfg.kl_coef * KL_ESTIMATORS[cfg.kl_estimator](inputs.logprobs, inputs.ref_logprobs)
+    loss, units = aggregate(per_token, mask, cfg.loss_agg)
+    return LossOutput(loss=loss, metrics=_metrics(inputs, ratio, weight, cfg), weight=units)
 
 
 @torch.no_grad()
@@ -60,6 +62,7 @@ def _metrics(inputs: LossInputs, ratio: torch.Tensor, weight: torch.Tensor, cfg:
         "is_ratio/max": masked_max(behav_ratio, mask).item(),
         "is_ratio/min": masked_min(behav_ratio, mask).item(),
         "is_ratio/truncated_frac": masked_mean((behav_ratio > cfg.is_cap).float(), mask).item(),
+        "is_ratio/ess": effective_sample_size(behav_ratio, mask).item(),
         "loss/clip_frac_low": masked_mean((ratio < 1.0 - cfg.clip_low).float(), mask).item(),
         "loss/clip_frac_high": masked_mean((ratio > 1.0 + cfg.clip_high).float(), mask).item(),
         "loss/is_weight_mean": masked_mean(weight, mask).item(),

@@ -138,7 +138,11 @@ class AlgorithmConfig:
     std_normalize: bool = True
     """Divide group-relative advantages by the group std (False: Dr. GRPO)."""
     kl_coef: float = 0.0
-    """Weight of the k3 KL-to-reference penalty in the loss (0: monitor only)."""
+    """Weight of the KL-to-reference penalty in the loss (0: monitor only)."""
+    kl_estimator: str = "k3"
+    """KL estimator for the penalty and for `kl/ref`: k1, k2 or k3 (all three are logged)."""
+    loss_agg: str = "token_mean"
+    """Loss aggregation: token_mean (DAPO, Dr. GRPO) or seq_mean (per-sequence token mean, original GRPO)."""
 
 
 @dataclass
@@ -290,6 +294,8 @@ def validate(cfg: Config) -> Config:
     _check(0 < a.clip_low < 1 and a.clip_high > 0, "algorithm.clip_low", "clip_low must be in (0, 1), clip_high > 0")
     _check(a.is_cap >= 1, "algorithm.is_cap", "must be >= 1")
     _check(a.kl_coef >= 0, "algorithm.kl_coef", "must be >= 0")
+    _check(a.kl_estimator in ("k1", "k2", "k3"), "algorithm.kl_estimator", "must be k1, k2 or k3")
+    _check(a.loss_agg in ("token_mean", "seq_mean"), "algorithm.loss_agg", "must be token_mean or seq_mean")
     _check(cfg.logging.wandb_mode in ("auto", "online", "offline"), "logging.wandb_mode", "must be auto, online or offline")
     _check(cfg.run.steps >= 1, "run.steps", "must be >= 1")
     _check(bool(cfg.run.output_dir), "run.output_dir", "must not be empty")

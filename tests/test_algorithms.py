@@ -139,3 +139,23 @@ def test_reinforce_pp_batch_whitening_by_hand():
     # group-centred: [0.5, -0.5, 0, 0]; batch std (unbiased) = sqrt(0.5 / 3) = 0.40825
     adv = rpp.compute_advantages(rewards, groups, AlgorithmConfig())
     assert adv.tolist() == pytest.approx([1.22474, -1.22474, 0.0, 0.0], abs=1e-4)
+
+
+def test_loss_aggregation_by_hand():
+    from algorithms.base import aggregate
+
+    per_token = torch.tensor([[1.0, 3.0, 0.0], [6.0, 0.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
+    loss, units = aggregate(per_token, mask, "token_mean")
+    assert loss.item() == pytest.approx(10 / 3) and units == 3  # (1 + 3 + 6) / 3 tokens
+    loss, units = aggregate(per_token, mask, "seq_mean")
+    assert loss.item() == pytest.approx(4.0) and units == 2  # mean of (2, 6)
+
+
+def test_effective_sample_size_by_hand():
+    from algorithms.base import effective_sample_size
+
+    mask = torch.ones(1, 4)
+    assert effective_sample_size(torch.ones(1, 4), mask).item() == pytest.approx(1.0)
+    # weights (2, 0, 0, 0): (2)^2 / (4 * 4) = 0.25, one effective sample out of four
+    assert effective_sample_size(torch.tensor([[2.0, 0.0, 0.0, 0.0]]), mask).item() == pytest.approx(0.25)

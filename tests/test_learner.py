@@ -39,14 +39,16 @@ def test_train_step_changes_weights_and_reports_metrics(random_model_dir):
     metrics = lrn.train_step(fake_samples(), version=0)
     changed = sum(not torch.equal(a, b) for a, b in zip(before, lrn.model.parameters()))
     assert changed > 0
-    for key in ("reward/mean", "reward/std", "kl/ref", "kl/behavior", "is_ratio/mean", "is_ratio/max", "loss/policy"):
+    for key in ("reward/mean", "reward/std", "kl/ref", "kl/ref_k1", "kl/ref_k2", "kl/ref_k3", "kl/behavior",
+                "is_ratio/mean", "is_ratio/max", "is_ratio/ess", "loss/policy"):
         assert key in metrics
     assert metrics["reward/mean"] == 0.5 and metrics["kl/ref"] == 0.0  # first step: policy == reference
 
 
-def test_micro_batch_accumulation_matches_whole_batch(random_model_dir):
-    whole = learner(random_model_dir, "learner.micro_batch_size=16")
-    split = learner(random_model_dir, "learner.micro_batch_size=3")
+@pytest.mark.parametrize("loss_agg", ["token_mean", "seq_mean"])
+def test_micro_batch_accumulation_matches_whole_batch(random_model_dir, loss_agg):
+    whole = learner(random_model_dir, "learner.micro_batch_size=16", f"algorithm.loss_agg={loss_agg}")
+    split = learner(random_model_dir, "learner.micro_batch_size=3", f"algorithm.loss_agg={loss_agg}")
     whole.train_step(fake_samples(), version=0)
     split.train_step(fake_samples(), version=0)
     # the accumulated gradient (left in .grad after the step) is the batch gradient either way;
