@@ -45,6 +45,7 @@ class Learner:
         self.group = None
         self.steps_done = 0
         self.skipped_steps = 0
+        self.last_good: tuple[dict, dict] | None = None
 
     def node_id(self) -> str:
         return ray.get_runtime_context().get_node_id()
@@ -84,24 +85,48 @@ class Learner:
         with torch.no_grad():
             proximal, entropy = token_logprobs(self.model, batch, temp, with_entropy=True)
             ref = token_logprobs(self.ref_model, batch, temp)[0]
-        rewards = batch.rewards
-        advantages = self.algo.compute_advantages(rewards, batch.group_index, self.cfg.algorithm)  # [B]
-        adv = advantages[:, None].expand_as(batch.response_mask)  # [B, T]
-        metrics, skipped = self._updates(batch, proximal, ref, adv)
         mask = batch.response_mask
+        metrics = {f"kl/ref_{k}": masked_mean(fn(proximal, ref), mask).item() for k, fn in KL_ESTIMATORS.items()}
+        metrics["kl/ref"] = metrics[f"kl/ref_{self.cfg.algorithm.kl_estimator}"]
+        advantages = self.algo.compute_advantages(batch.rewards, batch.group_index, self.cfg.algorithm)  # [B]
+        skipped = 0
+        if self._kl_guard(metrics):
+            adv = advantages[:, None].expand_as(mask)  # [B, T]
+            update_metrics, skipped = self._updates(batch, proximal, ref, adv)
+            metrics.update(update_metrics)
         metrics.update(sequence_stats(samples, version))
         metrics.update({
-            **{f"kl/ref_{k}": masked_mean(fn(proximal, ref), mask).item() for k, fn in KL_ESTIMATORS.items()},
             "kl/behavior": masked_mean(kl_k3(batch.behavior_logprobs, proximal), mask).item(),
             "learner/entropy": masked_mean(entropy, mask).item(),
             "learner/advantage_abs_mean": advantages.abs().mean().item(),
             "learner/skipped_updates": skipped,
+            "learner/skipped_total": self.skipped_steps,
+            "learner/lr": self.opt.param_groups[0]["lr"],
             "time/train_start": t0,
             "time/train_end": time.time(),
         })
-        metrics["kl/ref"] = metrics[f"kl/ref_{self.cfg.algorithm.kl_estimator}"]
         self.steps_done += 1
         return metrics
+
+    def _kl_guard(self, metrics: dict) -> bool:
+        """Alert on kl/ref above `algorithm.kl_alert`; returns False when this batch must not be trained on."""
+        a = self.cfg.algorithm
+        if a.kl_alert <= 0:
+            return True
+        if metrics["kl/ref"] <= a.kl_alert:
+            if a.kl_action == "rollback":  # these weights are good: remember them
+                self.last_good = copy.deepcopy((self.model.state_dict(), self.opt.state_dict()))
+            return True
+        metrics["alert/kl"] = 1.0
+        if a.kl_action == "reduce_lr":
+            for group in self.opt.param_groups:
+                group["lr"] *= 0.5
+        elif a.kl_action == "rollback" and self.last_good is not None:
+            self.model.load_state_dict(self.last_good[0])
+            self.opt.load_state_dict(self.last_good[1])
+            metrics["alert/rolled_back"] = 1.0
+            return False
+        return True
 
     def _updates(self, batch: Batch, proximal, ref, adv) -> tuple[dict, int]:
         """Mini-batch updates; each is the mean over its units whatever the micro-batch split."""
@@ -114,7 +139,9 @@ class Learner:
                 logprobs = token_logprobs(self.model, sub, self.cfg.rollout.temperature)[0]
                 inputs = LossInputs(logprobs, proximal[micro], sub.behavior_logprobs, adv[micro], sub.response_mask, ref[micro])
                 out = self.algo.policy_loss(inputs, self.cfg.algorithm)
-                (out.loss * out.weight).backward()  # a sum over units; divided by their total below
+                # a sum over units, divided by their total below; NaN/inf poisons the gradient on
+                # purpose so the grad-norm check skips the whole update
+                (out.loss * out.weight).backward()
                 outs.append(out)
             total = sum(o.weight for o in outs) or 1.0
             for p in self.model.parameters():

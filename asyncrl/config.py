@@ -141,6 +141,10 @@ class AlgorithmConfig:
     """Weight of the KL-to-reference penalty in the loss (0: monitor only)."""
     kl_estimator: str = "k3"
     """KL estimator for the penalty and for `kl/ref`: k1, k2 or k3 (all three are logged)."""
+    kl_alert: float = 0.0
+    """Raise an alert when kl/ref exceeds this (0: off); see kl_action."""
+    kl_action: str = "none"
+    """On a KL alert: none (log only), reduce_lr (halve the learning rate) or rollback (restore the last weights under the threshold and skip the batch)."""
     loss_agg: str = "token_mean"
     """Loss aggregation: token_mean (DAPO, Dr. GRPO) or seq_mean (per-sequence token mean, original GRPO)."""
 
@@ -295,6 +299,8 @@ def validate(cfg: Config) -> Config:
     _check(a.is_cap >= 1, "algorithm.is_cap", "must be >= 1")
     _check(a.kl_coef >= 0, "algorithm.kl_coef", "must be >= 0")
     _check(a.kl_estimator in ("k1", "k2", "k3"), "algorithm.kl_estimator", "must be k1, k2 or k3")
+    _check(a.kl_alert >= 0, "algorithm.kl_alert", "must be >= 0")
+    _check(a.kl_action in ("none", "reduce_lr", "rollback"), "algorithm.kl_action", "must be none, reduce_lr or rollback")
     _check(a.loss_agg in ("token_mean", "seq_mean"), "algorithm.loss_agg", "must be token_mean or seq_mean")
     _check(cfg.logging.wandb_mode in ("auto", "online", "offline"), "logging.wandb_mode", "must be auto, online or offline")
     _check(cfg.run.steps >= 1, "run.steps", "must be >= 1")

@@ -100,6 +100,9 @@ class Controller:
         sync = {"seconds": 0.0, "bytes": 0}
         if (step + 1) % self.cfg.learner.sync_every == 0 or step == self.cfg.run.steps - 1:
             sync = self.sync_weights()
+        if metrics.get("alert/kl"):
+            action = "rolled back to the last good weights" if metrics.get("alert/rolled_back") else self.cfg.algorithm.kl_action
+            print(f"asyncrl: ALERT step {step}: kl/ref {metrics['kl/ref']:.4f} > {self.cfg.algorithm.kl_alert} ({action})", flush=True)
         metrics.update(self.rollout_metrics())
         metrics.update({
             "step": step, "policy_version": self.version, "time/step_s": time.perf_counter() - t0,

@@ -91,3 +91,15 @@ def test_synchronous_mode_publishing_every_two_steps(tiny_model_dir, tmp_path):
     # steps 0-1 train at version 0, steps 2-3 at version 1 (published after step 1)
     assert {(r["consumed_step"], r["consumed_version"]) for r in consumed} == {(0, 0), (1, 0), (2, 1), (3, 1)}
     assert [m["policy_version"] for m in metrics_of(tmp_path)] == [0, 1, 1, 2]
+
+
+def test_user_algorithm_by_dotted_path_trains(tiny_model_dir, tmp_path):
+    import os
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "examples")}
+    cmd = [sys.executable, "-m", "asyncrl.run", "--config", "configs/smoke.yaml", f"run.output_dir={tmp_path}",
+           f"model.path={tiny_model_dir}", "algorithm.name=my_algos.length_penalty", "run.steps=2", "run.eval=false"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    rows = metrics_of(tmp_path)
+    assert len(rows) == 2 and "loss/ratio_mean" in rows[0]  # the plugin's own metric reached the log

@@ -73,3 +73,31 @@ def test_positive_advantage_raises_its_logprob(random_model_dir, algorithm):
         lp1 = token_logprobs(lrn.model, batch, 1.0)[0].sum(-1)
     gain = lp1 - lp0
     assert gain[rewarded].mean() > gain[~rewarded].mean()
+
+
+def test_non_finite_loss_skips_the_update(random_model_dir):
+    lrn = learner(random_model_dir)
+    before = [p.detach().clone() for p in lrn.model.parameters()]
+    samples = fake_samples()
+    samples[0]["behavior_logprobs"] = [float("nan")] * 3
+    metrics = lrn.train_step(samples, version=0)
+    assert metrics["learner/skipped_updates"] == 1 and metrics["learner/skipped_total"] == 1
+    assert all(torch.equal(a, b) for a, b in zip(before, lrn.model.parameters()))
+
+
+def test_kl_alert_reduces_lr(random_model_dir):
+    lrn = learner(random_model_dir, "algorithm.kl_alert=1e-9", "algorithm.kl_action=reduce_lr")
+    first = lrn.train_step(fake_samples(), version=0)  # policy == reference: KL 0, no alert
+    second = lrn.train_step(fake_samples(), version=0)
+    assert "alert/kl" not in first and second["alert/kl"] == 1.0
+    assert second["learner/lr"] == pytest.approx(0.5e-2)
+
+
+def test_kl_alert_rolls_back_to_last_good_weights(random_model_dir):
+    lrn = learner(random_model_dir, "algorithm.kl_alert=1e-9", "algorithm.kl_action=rollback")
+    initial = [p.detach().clone() for p in lrn.model.parameters()]
+    lrn.train_step(fake_samples(), version=0)  # KL 0: snapshot the initial weights, then update
+    assert not all(torch.equal(a, b) for a, b in zip(initial, lrn.model.parameters()))
+    metrics = lrn.train_step(fake_samples(), version=0)  # KL > threshold: back to the snapshot, no update
+    assert metrics["alert/rolled_back"] == 1.0
+    assert all(torch.equal(a, b) for a, b in zip(initial, lrn.model.parameters()))
