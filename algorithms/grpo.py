@@ -37,8 +37,10 @@ def behavior_weight(inputs: LossInputs, cfg: Any) -> tuple[torch.Tensor, torch.T
         return ratio, torch.ones_like(ratio)
     ratio = torch.exp(inputs.logprobs - inputs.proximal_logprobs)
     anchor = inputs.proximal_logprobs if cfg.correction == "decoupled" else inputs.logprobs.detach()
-    weight = torch.exp(anchor - inputs.behavior_logprobs).clamp(max=cfg.is_cap)
-    return ratio, weight
+    log_w = (anchor - inputs.behavior_logprobs) * inputs.response_mask  # [B, T]
+    if cfg.is_level == "sequence":  # one weight per sequence: the product of its token ratios
+        log_w = log_w.sum(-1, keepdim=True).expand_as(log_w)
+    return ratio, torch.exp(log_w).clamp(max=cfg.is_cap)
 
 
 def policy_loss(inputs: LossInputs, cfg: Any) -> LossOutput:

@@ -135,6 +135,8 @@ class AlgorithmConfig:
     """PPO clip: ratio upper bound 1 + clip_high (raise for DAPO clip-higher)."""
     is_cap: float = 5.0
     """Truncation of the behaviour importance weight pi_prox/pi_behav (or pi/pi_behav for tis)."""
+    is_level: str = "token"
+    """Importance weight per token, or per sequence (product of its token ratios), for decoupled and tis."""
     std_normalize: bool = True
     """Divide group-relative advantages by the group std (False: Dr. GRPO)."""
     kl_coef: float = 0.0
@@ -296,6 +298,7 @@ def validate(cfg: Config) -> Config:
     _check(lr.torch_threads >= 1, "learner.torch_threads", "must be >= 1")
     _check(a.correction in ("decoupled", "tis", "none"), "algorithm.correction", "must be decoupled, tis or none")
     _check(0 < a.clip_low < 1 and a.clip_high > 0, "algorithm.clip_low", "clip_low must be in (0, 1), clip_high > 0")
+    _check(a.is_level in ("token", "sequence"), "algorithm.is_level", "must be token or sequence")
     _check(a.is_cap >= 1, "algorithm.is_cap", "must be >= 1")
     _check(a.kl_coef >= 0, "algorithm.kl_coef", "must be >= 0")
     _check(a.kl_estimator in ("k1", "k2", "k3"), "algorithm.kl_estimator", "must be k1, k2 or k3")

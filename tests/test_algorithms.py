@@ -159,3 +159,16 @@ def test_effective_sample_size_by_hand():
     assert effective_sample_size(torch.ones(1, 4), mask).item() == pytest.approx(1.0)
     # weights (2, 0, 0, 0): (2)^2 / (4 * 4) = 0.25, one effective sample out of four
     assert effective_sample_size(torch.tensor([[2.0, 0.0, 0.0, 0.0]]), mask).item() == pytest.approx(0.25)
+
+
+def test_sequence_level_is_weight_by_hand():
+    # two tokens, each with pi_prox / pi_behav = 1.5: token level weights 1.5 each, sequence level 2.25 each
+    lp = math.log(0.5)
+    t = lambda *v: torch.tensor([list(v)])  # noqa: E731  [B=1, T=2]
+    inputs = LossInputs(t(lp, lp), t(lp, lp), t(lp - math.log(1.5), lp - math.log(1.5)), t(1.0, 1.0), t(1.0, 1.0))
+    token = grpo.policy_loss(inputs, AlgorithmConfig(is_level="token"))
+    seq = grpo.policy_loss(inputs, AlgorithmConfig(is_level="sequence"))
+    assert token.loss.item() == pytest.approx(-1.5, rel=1e-5)
+    assert seq.loss.item() == pytest.approx(-2.25, rel=1e-5)
+    # and the cap truncates the sequence weight: min(2.25, 2.0)
+    assert grpo.policy_loss(inputs, AlgorithmConfig(is_level="sequence", is_cap=2.0)).loss.item() == pytest.approx(-2.0, rel=1e-5)
