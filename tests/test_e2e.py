@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -36,6 +37,19 @@ def async_run(tiny_model_dir, tmp_path_factory):
     return out, proc
 
 
+def actor_processes() -> list[str]:
+    """Command lines of live asyncrl actor processes (Ray names them ray::<Class>)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if cmd.startswith(("ray::RolloutWorker", "ray::Learner", "ray::ReplayBuffer")):
+            found.append(cmd)
+    return found
+
+
 def metrics_of(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
@@ -55,6 +69,13 @@ def test_run_directory_is_complete(async_run):
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in (run_dir / "final_model").iterdir()}
     assert list((run_dir / "wandb").glob("offline-run-*")), "wandb should log offline without an API key"
     assert "step=   7" in proc.stdout and "asyncrl run summary" in proc.stdout
+
+
+def test_no_orphaned_actor_or_engine_processes(async_run):
+    deadline = time.monotonic() + 20
+    while actor_processes() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert actor_processes() == []
 
 
 def test_trajectory_invariants(async_run):
