@@ -105,9 +105,6 @@ def effective_sample_size(weights: torch.Tensor, mask: torch.Tensor) -> torch.Te
     return w.sum() ** 2 / (mask.sum() * (w**2).sum()).clamp(min=1e-12)
 
 
-KL_ESTIMATORS = {}  # filled below: name -> per-token estimator
-
-
 def kl_k1(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
     """Per-token k1 estimate of KL(pi || ref) on tokens sampled from pi: log pi - log ref."""
     return logprobs - ref_logprobs
@@ -124,7 +121,7 @@ def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
     return torch.exp(log_r) - 1.0 - log_r
 
 
-KL_ESTIMATORS.update(k1=kl_k1, k2=kl_k2, k3=kl_k3)
+KL_ESTIMATORS = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3}  # name -> per-token estimator
 
 
 def group_relative_advantages(

@@ -55,6 +55,11 @@ class TinySpec:
     eval_size: int = TINY_HELD_OUT
     samples_per_prompt: int = 8
 
+    @property
+    def exact_steps(self) -> int:
+        """SFT steps of the curriculum's first phase (exact sums only)."""
+        return int(self.exact_frac * self.sft_steps)
+
     def key(self) -> str:
         blob = json.dumps({**asdict(self), "version": BUILD_VERSION}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:8]
@@ -123,7 +128,7 @@ def sft_examples(spec: TinySpec, task: AdditionTask) -> Iterator[tuple[str, str]
     true sum with probability p_correct and the carry-free sum otherwise.
     """
     coin = random.Random(spec.seed + 1)
-    n_exact = int(spec.exact_frac * spec.sft_steps) * spec.batch_size
+    n_exact = spec.exact_steps * spec.batch_size
     for i, (a, b) in enumerate(task.train_pairs(spec.seed)):
         right = i < n_exact or coin.random() < spec.p_correct
         yield f"{a}+{b}=", str(a + b if right else carry_free_sum(a, b))
@@ -146,7 +151,7 @@ def sft_batch(
 
 def lr_factor(step: int, spec: TinySpec) -> float:
     """Linear warmup, constant through the exact phase, cosine decay over the mixture phase."""
-    n_exact = int(spec.exact_frac * spec.sft_steps)
+    n_exact = spec.exact_steps
     warm = min(1.0, (step + 1) / max(1, spec.sft_steps // 20))
     if step < n_exact:
         return warm
