@@ -1,9 +1,11 @@
 """Learner: the HF policy in torch, one algorithm step per batch, weight publishing.
 
-The learner knows no algorithm by name: advantages and the loss come from the
-plugin `algorithm.name` resolves to. Each step: collate, recompute log-probs
-(proximal, and the frozen reference for KL), advantages, mini-batch updates
-with gradient accumulation over micro-batches, metrics.
+The learner knows no algorithm by name: advantages and the losses come from
+the plugin `algorithm.name` resolves to; a plugin with `critic = True` gets a
+value model trained next to the policy. Each step: collate, recompute
+log-probs (proximal, and the frozen reference for KL) and old values,
+advantages, mini-batch updates with gradient accumulation over micro-batches
+(policy, then critic), metrics.
 """
 from __future__ import annotations
 
@@ -15,10 +17,11 @@ import ray
 import torch
 from transformers import AutoModelForCausalLM
 
-from algorithms import LossInputs, get_algorithm
-from algorithms.base import KL_ESTIMATORS, kl_k3, masked_mean
+from algorithms import AdvantageInputs, LossInputs, get_algorithm
+from algorithms.base import KL_ESTIMATORS, LossOutput, ValueLossInputs, as_advantages, has_critic, kl_k3, masked_mean, token_level_rewards
 from asyncrl.batching import Batch, collate, sequence_stats, token_logprobs
 from asyncrl.config import Config
+from asyncrl.models.value import ValueModel
 from asyncrl.util import pin_to_cores
 from asyncrl.weights import free_port, init_group, plan_buckets, resolve_backend, send_weights, tensor_meta
 
@@ -41,6 +44,9 @@ class Learner:
         self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.learner.lr, weight_decay=cfg.learner.weight_decay)
         self.algo = get_algorithm(cfg.algorithm.name)
+        self.critic = ValueModel(model_path, dtype).to(self.device) if has_critic(self.algo) else None
+        if self.critic is not None:
+            self.critic_opt = torch.optim.AdamW(self.critic.parameters(), lr=cfg.learner.critic_lr, weight_decay=cfg.learner.weight_decay)
         self.pad_id = self.model.config.pad_token_id or 0
         self.group = None
         self.steps_done = 0
@@ -80,25 +86,43 @@ class Learner:
 
     def train_step(self, samples: list[dict], version: int) -> dict:
         t0 = time.time()
+        a = self.cfg.algorithm
         batch = collate(samples, self.pad_id, self.device)
         temp = self.cfg.rollout.temperature
         with torch.no_grad():
             proximal, entropy = token_logprobs(self.model, batch, temp, with_entropy=True)
             ref = token_logprobs(self.ref_model, batch, temp)[0]
+            old_values = self.critic(batch) if self.critic is not None else None
         mask = batch.response_mask
-        metrics = {f"kl/ref_{k}": masked_mean(fn(proximal, ref), mask).item() for k, fn in KL_ESTIMATORS.items()}
-        metrics["kl/ref"] = metrics[f"kl/ref_{self.cfg.algorithm.kl_estimator}"]
-        advantages = self.algo.compute_advantages(batch.rewards, batch.group_index, self.cfg.algorithm)  # [B]
+        kl_tokens = {k: fn(proximal, ref) * mask for k, fn in KL_ESTIMATORS.items()}  # [B, T] each
+        metrics = {f"kl/ref_{k}": masked_mean(kl, mask).item() for k, kl in kl_tokens.items()}
+        metrics["kl/ref"] = metrics[f"kl/ref_{a.kl_estimator}"]
+        in_reward = a.kl_penalty == "reward" and a.kl_coef > 0
+        token_rewards = token_level_rewards(batch.rewards, mask, kl_tokens[a.kl_estimator] if in_reward else None, a.kl_coef)
+        adv_in = AdvantageInputs(token_rewards.sum(-1), batch.group_index, mask, token_rewards, old_values)
+        adv = as_advantages(self.algo.compute_advantages(adv_in, a), mask, self.critic is not None)
         skipped = 0
         if self._kl_guard(metrics):
-            adv = advantages[:, None].expand_as(mask)  # [B, T]
-            update_metrics, skipped = self._updates(batch, proximal, ref, adv)
+            def policy_loss(micro: torch.Tensor, sub: Batch) -> LossOutput:
+                logprobs = token_logprobs(self.model, sub, temp)[0]
+                inputs = LossInputs(logprobs, proximal[micro], sub.behavior_logprobs, adv.advantages[micro], sub.response_mask, ref[micro])
+                return self.algo.policy_loss(inputs, a)
+
+            update_metrics, skipped = self._updates(batch, self.model, self.opt, policy_loss, "loss/policy", "learner/grad_norm")
             metrics.update(update_metrics)
+            if self.critic is not None:
+                def value_loss(micro: torch.Tensor, sub: Batch) -> LossOutput:
+                    inputs = ValueLossInputs(self.critic(sub), old_values[micro], adv.returns[micro], sub.response_mask)
+                    return self.algo.value_loss(inputs, a)
+
+                critic_metrics, critic_skipped = self._updates(batch, self.critic, self.critic_opt, value_loss, "loss/value", "critic/grad_norm")
+                metrics.update(critic_metrics)
+                skipped += critic_skipped
         metrics.update(sequence_stats(samples, version))
         metrics.update({
             "kl/behavior": masked_mean(kl_k3(batch.behavior_logprobs, proximal), mask).item(),
             "learner/entropy": masked_mean(entropy, mask).item(),
-            "learner/advantage_abs_mean": advantages.abs().mean().item(),
+            "learner/advantage_abs_mean": masked_mean(adv.advantages.abs(), mask).item(),
             "learner/skipped_updates": skipped,
             "learner/skipped_total": self.skipped_steps,
             "learner/lr": self.opt.param_groups[0]["lr"],
@@ -106,6 +130,8 @@ class Learner:
             "time/train_end": time.time(),
         })
         self.steps_done += 1
+        if self.cfg.learner.delay_s:
+            time.sleep(self.cfg.learner.delay_s)
         return metrics
 
     def _kl_guard(self, metrics: dict) -> bool:
@@ -128,39 +154,36 @@ class Learner:
             return False
         return True
 
-    def _updates(self, batch: Batch, proximal, ref, adv) -> tuple[dict, int]:
-        """Mini-batch updates; each is the mean over its units whatever the micro-batch split."""
+    def _updates(self, batch: Batch, model, opt, loss_fn, loss_key: str, grad_key: str) -> tuple[dict, int]:
+        """Mini-batch updates of `model`; each is the mean over its units whatever the micro-batch split."""
         lcfg, acc, skipped = self.cfg.learner, {}, 0
         for mini in torch.arange(batch.size).chunk(lcfg.mini_batches):
-            self.opt.zero_grad(set_to_none=True)
+            opt.zero_grad(set_to_none=True)
             outs = []
             for micro in mini.split(lcfg.micro_batch_size):
-                sub = batch.select(micro)
-                logprobs = token_logprobs(self.model, sub, self.cfg.rollout.temperature)[0]
-                inputs = LossInputs(logprobs, proximal[micro], sub.behavior_logprobs, adv[micro], sub.response_mask, ref[micro])
-                out = self.algo.policy_loss(inputs, self.cfg.algorithm)
+                out = loss_fn(micro, batch.select(micro))
                 # a sum over units, divided by their total below; NaN/inf poisons the gradient on
                 # purpose so the grad-norm check skips the whole update
                 (out.loss * out.weight).backward()
                 outs.append(out)
             total = sum(o.weight for o in outs) or 1.0
-            for p in self.model.parameters():
+            for p in model.parameters():
                 if p.grad is not None:
                     p.grad /= total
             for o in outs:
-                _accumulate(acc, {**o.metrics, "loss/policy": o.loss.item()}, o.weight / total / lcfg.mini_batches)
-            skipped += int(not self._optimizer_step(acc))
+                _accumulate(acc, {**o.metrics, loss_key: o.loss.item()}, o.weight / total / lcfg.mini_batches)
+            skipped += int(not self._optimizer_step(model, opt, acc, grad_key))
         return acc, skipped
 
-    def _optimizer_step(self, acc: dict) -> bool:
+    def _optimizer_step(self, model, opt, acc: dict, grad_key: str) -> bool:
         clip = self.cfg.learner.grad_clip or math.inf
-        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip).item()
-        acc["learner/grad_norm"] = norm
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip).item()
+        acc[grad_key] = norm
         if not math.isfinite(norm):
-            self.opt.zero_grad(set_to_none=True)
+            opt.zero_grad(set_to_none=True)
             self.skipped_steps += 1
             return False
-        self.opt.step()
+        opt.step()
         return True
 
     # ---- inspection ----------------------------------------------------------------

@@ -1,6 +1,8 @@
 """Algorithm plugins. Built-ins register here; users name their own module by dotted path."""
-from algorithms import grpo, reinforce_pp, rloo
+from algorithms import grpo, ppo, reinforce_pp, rloo
 from algorithms.base import (
+    AdvantageInputs,
+    Advantages,
     LossInputs,
     LossOutput,
     get_algorithm,
@@ -9,7 +11,8 @@ from algorithms.base import (
 )
 
 register_algorithm("grpo", grpo)
+register_algorithm("ppo", ppo)
 register_algorithm("rloo", rloo)
 register_algorithm("reinforce_pp", reinforce_pp)
 
-__all__ = ["LossInputs", "LossOutput", "get_algorithm", "register_algorithm", "registered_algorithms"]
+__all__ = ["AdvantageInputs", "Advantages", "LossInputs", "LossOutput", "get_algorithm", "register_algorithm", "registered_algorithms"]

@@ -14,20 +14,21 @@ from typing import Any
 import torch
 
 from algorithms.base import (
+    AdvantageInputs,
     LossInputs,
     LossOutput,
-    KL_ESTIMATORS,
     aggregate,
     effective_sample_size,
     group_relative_advantages,
+    kl_loss_term,
     masked_max,
     masked_mean,
     masked_min,
 )
 
 
-def compute_advantages(rewards: torch.Tensor, group_index: torch.Tensor, cfg: Any) -> torch.Tensor:
-    return group_relative_advantages(rewards, group_index, std_normalize=cfg.std_normalize)
+def compute_advantages(inputs: AdvantageInputs, cfg: Any) -> torch.Tensor:
+    return group_relative_advantages(inputs.rewards, inputs.group_index, std_normalize=cfg.std_normalize)  # [B]
 
 
 def behavior_weight(inputs: LossInputs, cfg: Any) -> tuple[torch.Tensor, torch.Tensor]:
@@ -48,9 +49,7 @@ def policy_loss(inputs: LossInputs, cfg: Any) -> LossOutput:
     ratio, weight = behavior_weight(inputs, cfg)  # [B, T]
     clipped = ratio.clamp(1.0 - cfg.clip_low, 1.0 + cfg.clip_high)
     adv = inputs.advantages  # [B, T]
-    per_token = -torch.minimum(ratio * adv, clipped * adv) * weight
-    if inputs.ref_logprobs is not None and cfg.kl_coef > 0:
-        per_token = per_token + cfg.kl_coef * KL_ESTIMATORS[cfg.kl_estimator](inputs.logprobs, inputs.ref_logprobs)
+    per_token = -torch.minimum(ratio * adv, clipped * adv) * weight + kl_loss_term(inputs, cfg)
     loss, units = aggregate(per_token, mask, cfg.loss_agg)
     return LossOutput(loss=loss, metrics=_metrics(inputs, ratio, weight, cfg), weight=units)
 

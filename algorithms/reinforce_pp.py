@@ -11,10 +11,10 @@ from typing import Any
 
 import torch
 
-from algorithms.base import group_relative_advantages
+from algorithms.base import AdvantageInputs, group_relative_advantages
 from algorithms.grpo import policy_loss  # noqa: F401  (same loss, same correction modes)
 
 
-def compute_advantages(rewards: torch.Tensor, group_index: torch.Tensor, cfg: Any, eps: float = 1e-6) -> torch.Tensor:
-    centered = group_relative_advantages(rewards, group_index, std_normalize=False)  # [B]
+def compute_advantages(inputs: AdvantageInputs, cfg: Any, eps: float = 1e-6) -> torch.Tensor:
+    centered = group_relative_advantages(inputs.rewards, inputs.group_index, std_normalize=False)  # [B]
     return centered / (centered.std() + eps) if centered.numel() > 1 else centered

@@ -10,12 +10,12 @@ from typing import Any
 
 import torch
 
-from algorithms.base import group_relative_advantages
+from algorithms.base import AdvantageInputs, group_relative_advantages
 from algorithms.grpo import policy_loss  # noqa: F401  (same loss, same correction modes)
 
 
-def compute_advantages(rewards: torch.Tensor, group_index: torch.Tensor, cfg: Any) -> torch.Tensor:
-    _, inverse = torch.unique(group_index, return_inverse=True)
-    size = torch.bincount(inverse).to(rewards.dtype)[inverse]  # [B] group size of each sample
-    centered = group_relative_advantages(rewards, group_index, std_normalize=False)
+def compute_advantages(inputs: AdvantageInputs, cfg: Any) -> torch.Tensor:
+    _, inverse = torch.unique(inputs.group_index, return_inverse=True)
+    size = torch.bincount(inverse).to(inputs.rewards.dtype)[inverse]  # [B] group size of each sample
+    centered = group_relative_advantages(inputs.rewards, inputs.group_index, std_normalize=False)
     return centered * size / (size - 1).clamp(min=1)

@@ -117,6 +117,10 @@ class LearnerConfig:
     """Cores to pin the learner to (empty: no pinning)."""
     torch_threads: int = 1
     """Intra-op threads for the learner's torch."""
+    critic_lr: float = 1.0e-3
+    """Learning rate of the value model (algorithms with a critic, e.g. ppo)."""
+    delay_s: float = 0.0
+    """Sleep this long after each learner step. Only for ablations: it emulates a slower learner so that rollouts run ahead and staleness becomes real (bench/staleness_ablation.py). Keep 0."""
 
     @property
     def sync_bucket_bytes(self) -> int:
@@ -149,6 +153,14 @@ class AlgorithmConfig:
     """On a KL alert: none (log only), reduce_lr (halve the learning rate) or rollback (restore the last weights under the threshold and skip the batch)."""
     loss_agg: str = "token_mean"
     """Loss aggregation: token_mean (DAPO, Dr. GRPO) or seq_mean (per-sequence token mean, original GRPO)."""
+    kl_penalty: str = "loss"
+    """Where kl_coef applies: loss (a per-token term in the policy loss) or reward (subtracted from the token rewards before advantages, as in PPO-RLHF)."""
+    gamma: float = 1.0
+    """Discount for GAE (algorithms with a critic)."""
+    lam: float = 0.95
+    """GAE lambda (algorithms with a critic): 1.0 is Monte-Carlo returns, 0.0 is one-step TD."""
+    value_clip: float = 0.2
+    """Critic value-loss clip: new values may move at most this far from the old ones per step."""
 
 
 @dataclass
@@ -305,6 +317,12 @@ def validate(cfg: Config) -> Config:
     _check(a.kl_alert >= 0, "algorithm.kl_alert", "must be >= 0")
     _check(a.kl_action in ("none", "reduce_lr", "rollback"), "algorithm.kl_action", "must be none, reduce_lr or rollback")
     _check(a.loss_agg in ("token_mean", "seq_mean"), "algorithm.loss_agg", "must be token_mean or seq_mean")
+    _check(a.kl_penalty in ("loss", "reward"), "algorithm.kl_penalty", "must be loss or reward")
+    _check(0 < a.gamma <= 1, "algorithm.gamma", "must be in (0, 1]")
+    _check(0 <= a.lam <= 1, "algorithm.lam", "must be in [0, 1]")
+    _check(a.value_clip > 0, "algorithm.value_clip", "must be > 0")
+    _check(lr.critic_lr > 0, "learner.critic_lr", "must be > 0")
+    _check(lr.delay_s >= 0, "learner.delay_s", "must be >= 0")
     _check(cfg.logging.wandb_mode in ("auto", "online", "offline"), "logging.wandb_mode", "must be auto, online or offline")
     _check(cfg.run.steps >= 1, "run.steps", "must be >= 1")
     _check(bool(cfg.run.output_dir), "run.output_dir", "must not be empty")

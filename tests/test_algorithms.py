@@ -7,11 +7,21 @@ import types
 import pytest
 import torch
 
-from algorithms import LossInputs, get_algorithm, register_algorithm, registered_algorithms
-from algorithms.base import group_relative_advantages, kl_k1, kl_k2, kl_k3, masked_mean
+from algorithms import AdvantageInputs, LossInputs, get_algorithm, register_algorithm, registered_algorithms
+from algorithms.base import (
+    ValueLossInputs, as_advantages, gae, group_relative_advantages, kl_k1, kl_k2, kl_k3, masked_mean, masked_whiten,
+    token_level_rewards,
+)
 from asyncrl.config import AlgorithmConfig
 
 grpo = get_algorithm("grpo")
+
+
+def scored(rewards, groups) -> AdvantageInputs:
+    """One response token per sample: enough for critic-free algorithms."""
+    r = torch.tensor(rewards)
+    mask = torch.ones(len(rewards), 1)
+    return AdvantageInputs(r, torch.tensor(groups), mask, r[:, None].clone())
 
 
 def one_token(logprob, proximal, behavior, advantage, ref=None):
@@ -105,7 +115,9 @@ def test_registry_refuses_duplicates_and_lists_names():
         get_algorithm("nonexistent")
     with pytest.raises(TypeError, match="policy_loss"):
         register_algorithm("broken", types.SimpleNamespace(compute_advantages=lambda *a: None))
-    assert {"grpo", "rloo", "reinforce_pp"} <= set(registered_algorithms())
+    with pytest.raises(TypeError, match="value_loss"):  # a critic needs a value loss
+        register_algorithm("broken_critic", types.SimpleNamespace(critic=True, compute_advantages=len, policy_loss=len))
+    assert {"grpo", "ppo", "rloo", "reinforce_pp"} <= set(registered_algorithms())
 
 
 def test_user_plugin_by_dotted_path(tmp_path, monkeypatch):
@@ -114,12 +126,12 @@ def test_user_plugin_by_dotted_path(tmp_path, monkeypatch):
     (pkg / "__init__.py").write_text("")
     (pkg / "my_algo.py").write_text(textwrap.dedent("""
         from algorithms.grpo import policy_loss
-        def compute_advantages(rewards, group_index, cfg):
-            return rewards - rewards.mean()
+        def compute_advantages(inputs, cfg):
+            return inputs.rewards - inputs.rewards.mean()
     """))
     monkeypatch.syspath_prepend(str(tmp_path))
     algo = get_algorithm("my_pkg.my_algo")
-    adv = algo.compute_advantages(torch.tensor([1.0, 0.0]), torch.tensor([0, 0]), AlgorithmConfig())
+    adv = algo.compute_advantages(scored([1.0, 0.0], [0, 0]), AlgorithmConfig())
     assert adv.tolist() == [0.5, -0.5]
     assert get_algorithm("my_pkg.my_algo") is algo
     sys.modules.pop("my_pkg.my_algo", None)
@@ -128,16 +140,14 @@ def test_user_plugin_by_dotted_path(tmp_path, monkeypatch):
 def test_rloo_leave_one_out_by_hand():
     rloo = get_algorithm("rloo")
     # group of 3 rewards [1, 0, 0]: baselines are mean of the others = [0, 0.5, 0.5]
-    adv = rloo.compute_advantages(torch.tensor([1.0, 0.0, 0.0]), torch.tensor([0, 0, 0]), AlgorithmConfig())
+    adv = rloo.compute_advantages(scored([1.0, 0.0, 0.0], [0, 0, 0]), AlgorithmConfig())
     assert adv.tolist() == pytest.approx([1.0, -0.5, -0.5])
 
 
 def test_reinforce_pp_batch_whitening_by_hand():
     rpp = get_algorithm("reinforce_pp")
-    rewards = torch.tensor([1.0, 0.0, 1.0, 1.0])
-    groups = torch.tensor([0, 0, 1, 1])
     # group-centred: [0.5, -0.5, 0, 0]; batch std (unbiased) = sqrt(0.5 / 3) = 0.40825
-    adv = rpp.compute_advantages(rewards, groups, AlgorithmConfig())
+    adv = rpp.compute_advantages(scored([1.0, 0.0, 1.0, 1.0], [0, 0, 1, 1]), AlgorithmConfig())
     assert adv.tolist() == pytest.approx([1.22474, -1.22474, 0.0, 0.0], abs=1e-4)
 
 
@@ -172,3 +182,77 @@ def test_sequence_level_is_weight_by_hand():
     assert seq.loss.item() == pytest.approx(-2.25, rel=1e-5)
     # and the cap truncates the sequence weight: min(2.25, 2.0)
     assert grpo.policy_loss(inputs, AlgorithmConfig(is_level="sequence", is_cap=2.0)).loss.item() == pytest.approx(-2.0, rel=1e-5)
+
+
+# ---- PPO with a critic ---------------------------------------------------------
+
+# one sample in the learner's layout: two prompt positions, then a 2-token response, then padding
+MASK = torch.tensor([[0.0, 0.0, 1.0, 1.0, 0.0]])
+
+
+def test_token_level_rewards_put_the_reward_on_the_last_response_token():
+    assert token_level_rewards(torch.tensor([3.0]), MASK).tolist() == [[0.0, 0.0, 0.0, 3.0, 0.0]]
+    kl = torch.tensor([[9.0, 9.0, 0.5, 1.0, 9.0]])  # only response tokens are penalised
+    assert token_level_rewards(torch.tensor([3.0]), MASK, kl, 0.1).tolist()[0] == pytest.approx([0, 0, -0.05, 2.9, 0])
+
+
+def test_gae_by_hand():
+    values = torch.tensor([[7.0, 7.0, 0.5, 0.8, 7.0]])  # values outside the response must not leak in
+    rewards = token_level_rewards(torch.tensor([1.0]), MASK)
+    adv, ret = gae(rewards, values, MASK, gamma=1.0, lam=0.5)
+    # last token: delta = 1 - 0.8 = 0.2 (terminal after it), A = 0.2
+    # first token: delta = 0 + 0.8 - 0.5 = 0.3, A = 0.3 + 1 * 0.5 * 0.2 = 0.4; returns = A + V
+    assert adv.tolist()[0] == pytest.approx([0, 0, 0.4, 0.2, 0])
+    assert ret.tolist()[0] == pytest.approx([0, 0, 0.9, 1.0, 0])
+    # gamma = 0.5, lam = 1: A_last = 0.2, A_first = (0 + 0.5 * 0.8 - 0.5) + 0.5 * 0.2 = 0.0
+    adv, _ = gae(rewards, values, MASK, gamma=0.5, lam=1.0)
+    assert adv.tolist()[0] == pytest.approx([0, 0, 0.0, 0.2, 0])
+
+
+def test_masked_whiten_by_hand():
+    x = torch.tensor([[100.0, 1.0, 3.0, 100.0]])
+    mask = torch.tensor([[0.0, 1.0, 1.0, 0.0]])
+    # mean 2, unbiased std sqrt(2) -> (+-1 / 1.41421)
+    assert masked_whiten(x, mask).tolist()[0] == pytest.approx([0, -0.70711, 0.70711, 0], abs=1e-5)
+
+
+def test_ppo_advantages_are_whitened_gae_with_returns():
+    ppo = get_algorithm("ppo")
+    mask = MASK.repeat(2, 1)
+    values = torch.tensor([[0, 0, 0.5, 0.8, 0], [0, 0, 0.5, 0.8, 0]])
+    rewards = torch.tensor([1.0, 0.0])
+    inputs = AdvantageInputs(rewards, torch.tensor([0, 0]), mask, token_level_rewards(rewards, mask), values)
+    out = ppo.compute_advantages(inputs, AlgorithmConfig(gamma=1.0, lam=0.5))
+    # raw GAE: sample 0 [0.4, 0.2] (above); sample 1: last -0.8, first 0.3 + 0.5 * -0.8 = -0.1
+    raw = torch.tensor([[0, 0, 0.4, 0.2, 0], [0, 0, -0.1, -0.8, 0]])
+    torch.testing.assert_close(out.advantages, masked_whiten(raw, mask))
+    torch.testing.assert_close(out.returns, torch.tensor([[0, 0, 0.9, 1.0, 0], [0, 0, 0.4, 0.0, 0]]))
+    with pytest.raises(ValueError, match="critic values"):
+        ppo.compute_advantages(AdvantageInputs(rewards, torch.tensor([0, 0]), mask, mask), AlgorithmConfig())
+
+
+def test_value_loss_clipped_by_hand():
+    ppo = get_algorithm("ppo")
+    t = lambda v: torch.tensor([[float(v)]])  # noqa: E731
+    # old 0, new 0.5, return 1, clip 0.2: unclipped (0.5 - 1)^2 = 0.25, clipped (0.2 - 1)^2 = 0.64 -> 0.5 * 0.64
+    out = ppo.value_loss(ValueLossInputs(t(0.5), t(0.0), t(1.0), t(1.0)), AlgorithmConfig(value_clip=0.2))
+    assert out.loss.item() == pytest.approx(0.32)
+    assert out.metrics["critic/clip_frac"] == 1.0
+    # inside the clip range the plain squared error applies: 0.5 * (0.1 - 1)^2
+    out = ppo.value_loss(ValueLossInputs(t(0.1), t(0.0), t(1.0), t(1.0)), AlgorithmConfig(value_clip=0.2))
+    assert out.loss.item() == pytest.approx(0.405)
+
+
+def test_as_advantages_broadcasts_and_checks_shapes():
+    mask = torch.ones(2, 3)
+    assert as_advantages(torch.tensor([1.0, -1.0]), mask, critic=False).advantages.tolist() == [[1, 1, 1], [-1, -1, -1]]
+    with pytest.raises(ValueError, match="shape"):
+        as_advantages(torch.ones(3), mask, critic=False)
+    with pytest.raises(ValueError, match="returns"):
+        as_advantages(torch.ones(2, 3), mask, critic=True)
+
+
+def test_kl_penalty_in_reward_leaves_the_loss_alone():
+    cfg = AlgorithmConfig(kl_coef=0.5, kl_penalty="reward")
+    out = grpo.policy_loss(one_token(0.0, 0.0, 0.0, 0.0, ref=math.log(0.5)), cfg)
+    assert out.loss.item() == 0.0

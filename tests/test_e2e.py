@@ -124,3 +124,13 @@ def test_user_algorithm_by_dotted_path_trains(tiny_model_dir, tmp_path):
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     rows = metrics_of(tmp_path)
     assert len(rows) == 2 and "loss/ratio_mean" in rows[0]  # the plugin's own metric reached the log
+
+
+@pytest.mark.parametrize("algorithm", ["grpo", "ppo", "rloo", "reinforce_pp"])
+def test_each_builtin_algorithm_learns_on_the_smoke_config(tiny_model_dir, tmp_path, algorithm):
+    # the acceptance: `--config configs/smoke.yaml algorithm.name=X` runs and learns
+    run_smoke(tmp_path, tiny_model_dir, f"algorithm.name={algorithm}")
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["eval/accuracy_after"] >= summary["eval/accuracy_before"] + 0.1, summary
+    if algorithm == "ppo":
+        assert "loss/value" in metrics_of(tmp_path)[-1]

@@ -59,9 +59,9 @@ def test_micro_batch_accumulation_matches_whole_batch(random_model_dir, loss_agg
         torch.testing.assert_close(a.grad, b.grad, atol=1e-6, rtol=1e-4)
 
 
-@pytest.mark.parametrize("algorithm", ["grpo", "rloo", "reinforce_pp"])
+@pytest.mark.parametrize("algorithm", ["grpo", "ppo", "rloo", "reinforce_pp"])
 def test_positive_advantage_raises_its_logprob(random_model_dir, algorithm):
-    lrn = learner(random_model_dir, "learner.lr=3e-3", f"algorithm.name={algorithm}")
+    lrn = learner(random_model_dir, "learner.lr=1e-3", f"algorithm.name={algorithm}")
     samples = fake_samples()
     batch = collate(samples, 0)
     rewarded = torch.tensor([s["reward"] == 1.0 for s in samples])
@@ -101,3 +101,38 @@ def test_kl_alert_rolls_back_to_last_good_weights(random_model_dir):
     metrics = lrn.train_step(fake_samples(), version=0)  # KL > threshold: back to the snapshot, no update
     assert metrics["alert/rolled_back"] == 1.0
     assert all(torch.equal(a, b) for a, b in zip(initial, lrn.model.parameters()))
+
+
+def test_ppo_trains_its_critic_towards_the_returns(random_model_dir):
+    lrn = learner(random_model_dir, "algorithm.name=ppo", "learner.critic_lr=3e-3")
+    policy_before = [p.detach().clone() for p in lrn.model.parameters()]
+    first = lrn.train_step(fake_samples(), version=0)
+    assert first["critic/value_mean"] == 0.0  # zero-initialised head
+    for key in ("loss/value", "critic/grad_norm", "critic/explained_variance", "critic/return_mean", "loss/policy"):
+        assert key in first
+    for _ in range(15):
+        last = lrn.train_step(fake_samples(), version=0)
+    # half the rewards are 1: the value first learns their mean, which halves the squared error
+    assert last["loss/value"] < 0.6 * first["loss/value"]
+    assert abs(last["critic/value_mean"] - last["critic/return_mean"]) < 0.15
+    assert not all(torch.equal(a, b) for a, b in zip(policy_before, lrn.model.parameters()))
+
+
+def test_ppo_micro_batch_accumulation_matches_whole_batch(random_model_dir):
+    whole = learner(random_model_dir, "algorithm.name=ppo", "learner.micro_batch_size=16")
+    split = learner(random_model_dir, "algorithm.name=ppo", "learner.micro_batch_size=5")
+    for lrn in (whole, split):
+        lrn.train_step(fake_samples(), version=0)
+    for a, b in zip(whole.critic.parameters(), split.critic.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, atol=1e-6, rtol=1e-4)
+
+
+def test_kl_penalty_in_reward_changes_the_advantages(random_model_dir):
+    plain = learner(random_model_dir)
+    shaped = learner(random_model_dir, "algorithm.kl_coef=1.0", "algorithm.kl_penalty=reward")
+    for lrn in (plain, shaped):
+        lrn.train_step(fake_samples(), version=0)  # policy moves away from the reference
+    a = plain.train_step(fake_samples(), version=0)
+    b = shaped.train_step(fake_samples(), version=0)
+    assert a["kl/ref"] > 0
+    assert a["learner/advantage_abs_mean"] != pytest.approx(b["learner/advantage_abs_mean"])

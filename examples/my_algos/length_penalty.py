@@ -9,11 +9,11 @@ from typing import Any
 
 import torch
 
-from algorithms.base import LossInputs, LossOutput, aggregate, group_relative_advantages
+from algorithms.base import AdvantageInputs, LossInputs, LossOutput, aggregate, group_relative_advantages
 
 
-def compute_advantages(rewards: torch.Tensor, group_index: torch.Tensor, cfg: Any) -> torch.Tensor:
-    return group_relative_advantages(rewards, group_index, std_normalize=False)  # [B]
+def compute_advantages(inputs: AdvantageInputs, cfg: Any) -> torch.Tensor:
+    return group_relative_advantages(inputs.rewards, inputs.group_index, std_normalize=False)  # [B]
 
 
 def policy_loss(inputs: LossInputs, cfg: Any) -> LossOutput:
