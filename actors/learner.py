@@ -21,6 +21,7 @@ from algorithms import AdvantageInputs, LossInputs, get_algorithm
 from algorithms.base import KL_ESTIMATORS, LossOutput, ValueLossInputs, as_advantages, has_critic, kl_k3, masked_mean, token_level_rewards
 from asyncrl.batching import Batch, collate, sequence_stats, token_logprobs
 from asyncrl.config import Config
+from asyncrl import learner_group as lg
 from asyncrl.models.value import ValueModel
 from asyncrl.util import pin_to_cores
 from asyncrl.weights import free_port, init_group, plan_buckets, resolve_backend, send_weights, tensor_meta
@@ -33,8 +34,9 @@ def _device(name: str) -> torch.device:
 
 
 class Learner:
-    def __init__(self, cfg: Config, model_path: str) -> None:
-        pin_to_cores(cfg.learner.cpu_affinity)
+    def __init__(self, cfg: Config, model_path: str, rank: int = 0) -> None:
+        cores = cfg.learner.cpu_affinity
+        pin_to_cores([cores[rank % len(cores)]] if cores and cfg.learner.num_workers > 1 else cores)
         torch.set_num_threads(cfg.learner.torch_threads)
         torch.manual_seed(cfg.run.seed)
         self.cfg, self.device = cfg, _device(cfg.learner.device)
@@ -48,7 +50,8 @@ class Learner:
         if self.critic is not None:
             self.critic_opt = torch.optim.AdamW(self.critic.parameters(), lr=cfg.learner.critic_lr, weight_decay=cfg.learner.weight_decay)
         self.pad_id = self.model.config.pad_token_id or 0
-        self.group = None
+        self.group = None  # the weight-broadcast group (rank 0 only)
+        self.dp = lg.GroupInfo()  # the learner group; world 1 until init_learner_group
         self.steps_done = 0
         self.skipped_steps = 0
         self.last_good: tuple[dict, dict] | None = None
@@ -58,6 +61,15 @@ class Learner:
 
     def node_ip(self) -> str:
         return ray.util.get_node_ip_address()
+
+    def init_learner_group(self, host: str, port: int, rank: int, world: int) -> bool:
+        self.dp = lg.init_learner_group(host, port, rank, world, self.backend())
+        modules = [self.model] + ([self.critic] if self.critic is not None else [])
+        lg.broadcast_params([p for m in modules for p in m.parameters()], self.dp)
+        return True
+
+    def close(self) -> None:
+        lg.close(self.dp)
 
     # ---- weight publishing ---------------------------------------------------------
 
@@ -89,10 +101,11 @@ class Learner:
         a = self.cfg.algorithm
         batch = collate(samples, self.pad_id, self.device)
         temp = self.cfg.rollout.temperature
-        with torch.no_grad():
-            proximal, entropy = token_logprobs(self.model, batch, temp, with_entropy=True)
-            ref = token_logprobs(self.ref_model, batch, temp)[0]
-            old_values = self.critic(batch) if self.critic is not None else None
+        with torch.no_grad():  # each worker computes its rows, then all hold the whole batch's
+            mine = batch.select(lg.shard(torch.arange(batch.size), self.dp))
+            proximal, entropy = (lg.gather_rows(t, self.dp) for t in token_logprobs(self.model, mine, temp, with_entropy=True))
+            ref = lg.gather_rows(token_logprobs(self.ref_model, mine, temp)[0], self.dp)
+            old_values = lg.gather_rows(self.critic(mine), self.dp) if self.critic is not None else None
         mask = batch.response_mask
         kl_tokens = {k: fn(proximal, ref) * mask for k, fn in KL_ESTIMATORS.items()}  # [B, T] each
         metrics = {f"kl/ref_{k}": masked_mean(kl, mask).item() for k, kl in kl_tokens.items()}
@@ -155,25 +168,29 @@ class Learner:
         return True
 
     def _updates(self, batch: Batch, model, opt, loss_fn, loss_key: str, grad_key: str) -> tuple[dict, int]:
-        """Mini-batch updates of `model`; each is the mean over its units whatever the micro-batch split."""
+        """Mini-batch updates of `model`; each is the mean over its units whatever the micro-batch split
+        and the number of learner workers (each takes its shard of every mini-batch)."""
         lcfg, acc, skipped = self.cfg.learner, {}, 0
+        params = list(model.parameters())
         for mini in torch.arange(batch.size).chunk(lcfg.mini_batches):
             opt.zero_grad(set_to_none=True)
             outs = []
-            for micro in mini.split(lcfg.micro_batch_size):
+            for micro in lg.shard(mini, self.dp).split(lcfg.micro_batch_size):
                 out = loss_fn(micro, batch.select(micro))
                 # a sum over units, divided by their total below; NaN/inf poisons the gradient on
                 # purpose so the grad-norm check skips the whole update
                 (out.loss * out.weight).backward()
                 outs.append(out)
-            total = sum(o.weight for o in outs) or 1.0
-            for p in model.parameters():
+            total = lg.sum_scalar(sum(o.weight for o in outs), self.dp) or 1.0
+            lg.sum_grads(params, self.dp)
+            for p in params:
                 if p.grad is not None:
                     p.grad /= total
             for o in outs:
                 _accumulate(acc, {**o.metrics, loss_key: o.loss.item()}, o.weight / total / lcfg.mini_batches)
             skipped += int(not self._optimizer_step(model, opt, acc, grad_key))
-        return acc, skipped
+        grad_norm = acc.pop(grad_key)
+        return {**lg.reduce_metrics(acc, self.dp), grad_key: grad_norm}, skipped
 
     def _optimizer_step(self, model, opt, acc: dict, grad_key: str) -> bool:
         clip = self.cfg.learner.grad_clip or math.inf
@@ -187,6 +204,10 @@ class Learner:
         return True
 
     # ---- inspection ----------------------------------------------------------------
+
+    def parameters_and_grads(self) -> dict[str, tuple[torch.Tensor, torch.Tensor | None]]:
+        """{name: (weight, grad)} on the CPU, for tests and debugging."""
+        return {n: (p.detach().cpu().clone(), None if p.grad is None else p.grad.cpu().clone()) for n, p in self.model.named_parameters()}
 
     def sequence_logprobs(self, token_ids: list[int], temperature: float = 1.0) -> list[float]:
         ids = torch.tensor([token_ids], device=self.device)

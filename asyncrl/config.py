@@ -75,6 +75,10 @@ class RolloutConfig:
     """Ray GPUs reserved per rollout actor."""
     cpu_affinity: list[int] = field(default_factory=list)
     """Cores to pin each rollout actor to (empty: no pinning)."""
+    resources: dict[str, float] = field(default_factory=dict)
+    """Custom Ray resources each rollout actor needs (e.g. {rollout_node: 1}, a label given to `ray start --resources`)."""
+    weight_update: str = "keep"
+    """Requests running when new weights arrive: keep (pause, load, resume them: later tokens come from the new version; their KV is recomputed), abort (abort them and resubmit from the prompt: every token of the sample comes from the new version) or drain (stop admitting, let them finish, then load)."""
 
 
 @dataclass
@@ -114,7 +118,11 @@ class LearnerConfig:
     num_gpus: float = 0.0
     """Ray GPUs reserved for the learner actor."""
     cpu_affinity: list[int] = field(default_factory=list)
-    """Cores to pin the learner to (empty: no pinning)."""
+    """Cores to pin the learner workers to (empty: no pinning); with num_workers > 1, worker i takes core cpu_affinity[i % len]."""
+    num_workers: int = 1
+    """Learner workers: one torch.distributed group (gloo on CPUs, NCCL on GPUs); each takes a shard of the batch, gradients are all-reduced, rank 0 publishes weights."""
+    resources: dict[str, float] = field(default_factory=dict)
+    """Custom Ray resources each learner worker needs (e.g. {learner_node: 1})."""
     torch_threads: int = 1
     """Intra-op threads for the learner's torch."""
     critic_lr: float = 1.0e-3
@@ -220,6 +228,10 @@ def _coerce(key: str, value: Any, annotation: Any) -> Any:
         (item,) = typing.get_args(annotation)
         _check(isinstance(value, list), key, f"expected a list, got {value!r}")
         return [_coerce(f"{key}[{i}]", v, item) for i, v in enumerate(value)]
+    if origin is dict:
+        _, item = typing.get_args(annotation)
+        _check(isinstance(value, dict), key, f"expected a mapping, got {value!r}")
+        return {str(k): _coerce(f"{key}.{k}", v, item) for k, v in value.items()}
     if origin in (typing.Union, types.UnionType):
         return value  # no optional fields yet
     if annotation is float and isinstance(value, int) and not isinstance(value, bool):
@@ -323,6 +335,16 @@ def validate(cfg: Config) -> Config:
     _check(a.value_clip > 0, "algorithm.value_clip", "must be > 0")
     _check(lr.critic_lr > 0, "learner.critic_lr", "must be > 0")
     _check(lr.delay_s >= 0, "learner.delay_s", "must be >= 0")
+    _check(lr.num_workers >= 1, "learner.num_workers", "must be >= 1")
+    _check(
+        lr.batch_size % (lr.num_workers * lr.mini_batches) == 0,
+        "learner.num_workers",
+        f"learner.batch_size ({lr.batch_size}) must split evenly into num_workers x mini_batches shards",
+    )
+    _check(r.weight_update in ("keep", "abort", "drain"), "rollout.weight_update", "must be keep, abort or drain")
+    for key, res in (("rollout.resources", r.resources), ("learner.resources", lr.resources)):
+        _check(all(v > 0 for v in res.values()), key, "resource amounts must be > 0")
+        _check(not {"CPU", "GPU", "memory"} & set(res), key, "use num_cpus / num_gpus for CPU and GPU")
     _check(cfg.logging.wandb_mode in ("auto", "online", "offline"), "logging.wandb_mode", "must be auto, online or offline")
     _check(cfg.run.steps >= 1, "run.steps", "must be >= 1")
     _check(bool(cfg.run.output_dir), "run.output_dir", "must not be empty")

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import ray
 import yaml
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
 from actors.buffer import ReplayBuffer
 from actors.learner import Learner
@@ -38,9 +39,27 @@ def connect_ray(cfg: Config) -> bool:
     if address:
         ray.init(address=address, runtime_env=runtime_env, logging_level="WARNING")
         return False
-    need = cfg.rollout.num_workers * cfg.rollout.num_cpus + cfg.learner.num_cpus
+    need = cfg.rollout.num_workers * cfg.rollout.num_cpus + cfg.learner.num_workers * cfg.learner.num_cpus
     ray.init(num_cpus=max(os.cpu_count() or 1, math.ceil(need)), runtime_env=runtime_env, logging_level="WARNING", include_dashboard=False)
     return True
+
+
+def resource_pool(name: str, n: int, num_cpus: float, num_gpus: float, resources: dict[str, float], timeout_s: float = 120.0) -> PlacementGroup:
+    """A placement group of n identical bundles; a clear error when the cluster cannot hold it."""
+    bundle = {k: v for k, v in {"CPU": num_cpus, "GPU": num_gpus, **resources}.items() if v > 0}
+    pg = placement_group([dict(bundle) for _ in range(n)], strategy="PACK", name=f"asyncrl-{name}-{uuid.uuid4().hex[:6]}")
+    ready, _ = ray.wait([pg.ready()], timeout=timeout_s)
+    if not ready:
+        remove_placement_group(pg)
+        raise RuntimeError(
+            f"the {name} pool ({n} x {bundle}) could not be placed within {timeout_s:.0f} s; "
+            f"cluster resources: {ray.cluster_resources()}"
+        )
+    return pg
+
+
+def in_pool(pg: PlacementGroup, index: int) -> PlacementGroupSchedulingStrategy:
+    return PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=index)
 
 
 class Controller:
@@ -50,17 +69,44 @@ class Controller:
         here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
         self.buffer = ray.remote(ReplayBuffer).options(num_cpus=0, scheduling_strategy=here).remote(cfg, str(run_dir / "trajectories"))
         l, r = cfg.learner, cfg.rollout
-        self.learner = ray.remote(Learner).options(num_cpus=l.num_cpus, num_gpus=l.num_gpus).remote(cfg, model_path)
-        worker_cls = ray.remote(RolloutWorker).options(num_cpus=r.num_cpus, num_gpus=r.num_gpus, max_concurrency=4)
-        self.workers = [worker_cls.remote(i, cfg, model_path, self.buffer, self.run_id) for i in range(r.num_workers)]
+        # separate pools, so that on a cluster the two land where their resources are
+        self.pools = [resource_pool("learner", l.num_workers, l.num_cpus, l.num_gpus, l.resources)]
+        self.pools.append(resource_pool("rollout", r.num_workers, r.num_cpus, r.num_gpus, r.resources))
+        learner_opts = {"num_cpus": l.num_cpus, "num_gpus": l.num_gpus, "resources": l.resources}
+        self.learners = [
+            ray.remote(Learner).options(**learner_opts, scheduling_strategy=in_pool(self.pools[0], i)).remote(cfg, model_path, i)
+            for i in range(l.num_workers)
+        ]
+        self.learner = self.learners[0]  # rank 0 publishes weights and saves
+        worker_opts = {"num_cpus": r.num_cpus, "num_gpus": r.num_gpus, "resources": r.resources, "max_concurrency": 4}
+        self.workers = [
+            ray.remote(RolloutWorker).options(**worker_opts, scheduling_strategy=in_pool(self.pools[1], i)).remote(i, cfg, model_path, self.buffer, self.run_id)
+            for i in range(r.num_workers)
+        ]
         self.version = 0
         self.tokens_seen, self.tokens_t = 0, time.time()
+        self.placement = {
+            "learner_nodes": ray.get([a.node_id.remote() for a in self.learners]),
+            "rollout_nodes": ray.get([w.node_id.remote() for w in self.workers]),
+        }
+        self._init_learner_group()
         self._init_weight_sync()
 
+    def _rendezvous(self) -> str:
+        """Loopback when everything runs on one node, else the learner rank 0's node address."""
+        one_node = len({*self.placement["learner_nodes"], *self.placement["rollout_nodes"]}) == 1
+        return "127.0.0.1" if one_node else ray.get(self.learner.node_ip.remote())
+
+    def _init_learner_group(self) -> None:
+        if len(self.learners) == 1:
+            return
+        host = self._rendezvous()
+        port = ray.get(self.learner.pick_port.remote(host))
+        ray.get([a.init_learner_group.remote(host, port, i, len(self.learners)) for i, a in enumerate(self.learners)])
+
     def _init_weight_sync(self) -> None:
-        nodes = set(ray.get([w.node_id.remote() for w in self.workers] + [self.learner.node_id.remote()]))
-        host = "127.0.0.1" if len(nodes) == 1 else ray.get(self.learner.node_ip.remote())
-        port = free_port(host) if len(nodes) == 1 else ray.get(self.learner.pick_port.remote(host))
+        host = self._rendezvous()
+        port = ray.get(self.learner.pick_port.remote(host))
         meta, backend = ray.get([self.learner.weight_meta.remote(), self.learner.backend.remote()])
         world = 1 + len(self.workers)
         bucket = self.cfg.learner.sync_bucket_bytes
@@ -85,7 +131,7 @@ class Controller:
         return {
             "steps": cfg.run.steps, "wall_s": time.time() - t_start, "policy_version": self.version,
             "eval/accuracy_before": before, "eval/accuracy_after": after,
-            "samples": buffer_counts, "rollout": ends,
+            "samples": buffer_counts, "rollout": ends, "placement": self.placement,
         }
 
     def step(self, step: int) -> dict:
@@ -96,7 +142,8 @@ class Controller:
         if batch is None:
             stats = ray.get([w.stats.remote() for w in self.workers])
             raise RuntimeError(f"no batch within buffer.sample_timeout_s={timeout}s at step {step}; rollout workers: {stats}")
-        metrics = ray.get(self.learner.train_step.remote(batch, self.version))
+        batch_ref = ray.put(batch)  # one copy in the object store, whatever the number of learner workers
+        metrics = ray.get([a.train_step.remote(batch_ref, self.version) for a in self.learners])[0]
         sync = {"seconds": 0.0, "bytes": 0}
         if (step + 1) % self.cfg.learner.sync_every == 0 or step == self.cfg.run.steps - 1:
             sync = self.sync_weights()
@@ -137,8 +184,10 @@ class Controller:
         }
 
     def shutdown(self) -> None:
-        for actor in [*self.workers, self.learner, self.buffer]:
+        for actor in [*self.workers, *self.learners, self.buffer]:
             ray.kill(actor)
+        for pg in self.pools:
+            remove_placement_group(pg)
 
 
 def check_plugins(cfg: Config) -> None:
