@@ -49,6 +49,16 @@ class TaskConfig:
     """Operand digits for the addition task."""
     eval_size: int = 200
     """Held-out problems for greedy evaluation before and after training."""
+    path: str = ""
+    """Local JSONL file for task.name=jsonl (one JSON object per line)."""
+    prompt_key: str = "prompt"
+    """task.name=jsonl: the record key holding the prompt text."""
+    answer_key: str = "answer"
+    """task.name=jsonl: the record key holding the reference answer."""
+    template: str = ""
+    """task.name=jsonl: prompt text made from a record's keys, e.g. "Q: {question}\nA:" (empty: the prompt_key value)."""
+    chat: bool = False
+    """Wrap each prompt in the tokenizer's chat template as one user turn (instruct models)."""
 
 
 @dataclass
@@ -296,6 +306,8 @@ def validate(cfg: Config) -> Config:
         f"must be <= {TINY_HELD_OUT} with model.path=tiny (its warm-start held out only that many problems)",
     )
     _check(1 <= cfg.task.digits <= 6, "task.digits", "must be in 1..6")
+    _check(cfg.task.name != "jsonl" or bool(cfg.task.path), "task.path", "must name a JSONL file when task.name=jsonl")
+    _check(cfg.model.path != "tiny" or cfg.task.name == "addition", "model.path", "tiny is built for task.name=addition only; give a model directory")
     _check(r.num_workers >= 1, "rollout.num_workers", "must be >= 1")
     _check(r.group_size >= 2, "rollout.group_size", "must be >= 2 (group-relative advantages need a group)")
     _check(r.temperature > 0, "rollout.temperature", "must be > 0 (behaviour log-probs need a sampling policy)")

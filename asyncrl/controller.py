@@ -115,7 +115,7 @@ class Controller:
         ray.get(refs)
 
     def evaluate(self) -> float:
-        task = make_task(self.cfg.task.name, self.cfg.task.digits, self.cfg.task.eval_size, self.cfg.run.seed)
+        task = make_task(self.cfg.task, self.cfg.run.seed)
         return ray.get(self.workers[0].evaluate.remote(task.eval_prompts()))
 
     def train(self, sink: MetricsSink) -> dict:
@@ -192,7 +192,7 @@ class Controller:
 
 def check_plugins(cfg: Config) -> None:
     """Task, reward and algorithm resolve before Ray starts (ValueError naming the culprit)."""
-    make_task(cfg.task.name, cfg.task.digits, cfg.task.eval_size, cfg.run.seed)
+    make_task(cfg.task, cfg.run.seed)
     make_reward(cfg.task.reward)
     get_algorithm(cfg.algorithm.name)
 

@@ -4,13 +4,20 @@ A task is chosen by name in config (`task.name`); its reward by name or by a
 dotted path to a user function (`task.reward: my_pkg.rewards.my_fn`). Every
 reward function has the signature ``reward(prompt: Prompt, response: str) -> float``.
 
-The built-in task is multi-digit addition: the prompt is ``"37+85="`` and the
-reward is 1.0 when the response, up to the end-of-sequence, is exactly the sum.
+Built-in tasks:
+- ``addition``: multi-digit addition; the prompt is ``"37+85="`` and the
+  reward (``exact_match``) is 1.0 when the response is exactly the sum.
+- ``jsonl``: prompts and reference answers from a local JSONL file
+  (`task.path`, e.g. GSM8K's ``{"question": ..., "answer": "... #### 72"}``
+  with ``prompt_key: question``); the last `eval_size` records are held out.
+  Pair it with the ``numeric_match`` reward.
 """
 from __future__ import annotations
 
 import importlib
+import json
 import random
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -80,13 +87,97 @@ class AdditionTask:
                 yield self._prompt(a, b)
 
 
+class JsonlTask:
+    """Records of a local JSONL file; `template` (``{key}`` fields of a record) makes the prompt text."""
+
+    name = "jsonl"
+
+    def __init__(self, path: str, prompt_key: str = "prompt", answer_key: str = "answer", template: str = "", eval_size: int = 200) -> None:
+        self.prompts = [self._prompt(i, r, prompt_key, answer_key, template) for i, r in enumerate(read_jsonl(path), 1)]
+        if len(self.prompts) <= eval_size:
+            raise ValueError(f"task.path {path}: {len(self.prompts)} records, need more than task.eval_size={eval_size}")
+        self._train, self._eval = self.prompts[:-eval_size], self.prompts[-eval_size:]
+
+    @staticmethod
+    def _prompt(line: int, record: dict, prompt_key: str, answer_key: str, template: str) -> Prompt:
+        for key in (prompt_key, answer_key):
+            if key not in record:
+                raise ValueError(f"task.path line {line}: no key {key!r} (keys: {sorted(record)})")
+        try:
+            text = template.format(**record) if template else str(record[prompt_key])
+        except KeyError as exc:
+            raise ValueError(f"task.template names {exc} which line {line} lacks") from exc
+        if not text.strip():
+            raise ValueError(f"task.path line {line}: empty prompt")
+        return Prompt(prompt_id=str(record.get("id", line)), text=text, answer=str(record[answer_key]))
+
+    def eval_prompts(self) -> list[Prompt]:
+        return list(self._eval)
+
+    def train_prompts(self, seed: int, start: int = 0) -> Iterator[Prompt]:
+        """Endless epochs over the training records, each shuffled by (seed, epoch); `start` skips prompts."""
+        i, epoch = 0, 0
+        while True:
+            order = list(self._train)
+            random.Random(seed * 100_003 + epoch).shuffle(order)
+            for prompt in order:
+                if i >= start:
+                    yield prompt
+                i += 1
+            epoch += 1
+
+
+def read_jsonl(path: str) -> list[dict]:
+    """Every record of a JSONL file; errors name the file and line."""
+    try:
+        lines = open(path, encoding="utf-8").read().splitlines()
+    except OSError as exc:
+        raise ValueError(f"task.path: cannot read {path!r}: {exc.strerror}") from exc
+    records = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"task.path {path} line {n}: not JSON ({exc.msg})") from exc
+        if not isinstance(record, dict):
+            raise ValueError(f"task.path {path} line {n}: expected a JSON object")
+        records.append(record)
+    if not records:
+        raise ValueError(f"task.path {path}: no records")
+    return records
+
+
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+
+
+def final_number(text: str) -> str | None:
+    """The answer after GSM8K's ``####`` if present, else the last number in `text` (commas dropped)."""
+    if "####" in text:
+        text = text.rsplit("####", 1)[1]
+    found = _NUMBER.findall(text)
+    return found[-1].replace(",", "").rstrip(".") if found else None
+
+
+def numeric_match(prompt: Prompt, response: str) -> float:
+    """1.0 when the response's final number equals the reference's (GSM8K-style answers)."""
+    want, got = final_number(prompt.answer), final_number(response)
+    if want is None or got is None:
+        return 0.0
+    try:
+        return 1.0 if float(want) == float(got) else 0.0
+    except ValueError:
+        return 0.0
+
+
 def exact_match(prompt: Prompt, response: str) -> float:
     """1.0 when the response (whitespace stripped) equals the answer, else 0.0."""
     return 1.0 if response.strip() == prompt.answer else 0.0
 
 
-TASKS: dict[str, type[AdditionTask]] = {"addition": AdditionTask}
-REWARDS: dict[str, RewardFn] = {"exact_match": exact_match}
+TASKS = ("addition", "jsonl")
+REWARDS: dict[str, RewardFn] = {"exact_match": exact_match, "numeric_match": numeric_match}
 
 
 def load_object(dotted: str) -> object:
@@ -103,10 +194,13 @@ def load_object(dotted: str) -> object:
     return getattr(module, attr)
 
 
-def make_task(name: str, digits: int, eval_size: int, seed: int) -> AdditionTask:
-    if name not in TASKS:
-        raise ValueError(f"unknown task {name!r}; registered: {sorted(TASKS)}")
-    return TASKS[name](digits=digits, eval_size=eval_size, seed=seed)
+def make_task(cfg, seed: int) -> AdditionTask | JsonlTask:
+    """The task a `TaskConfig` names."""
+    if cfg.name == "addition":
+        return AdditionTask(digits=cfg.digits, eval_size=cfg.eval_size, seed=seed)
+    if cfg.name == "jsonl":
+        return JsonlTask(cfg.path, cfg.prompt_key, cfg.answer_key, cfg.template, cfg.eval_size)
+    raise ValueError(f"unknown task {cfg.name!r}; built-in: {', '.join(TASKS)}")
 
 
 def make_reward(name: str) -> RewardFn:

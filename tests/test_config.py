@@ -23,6 +23,16 @@ def test_default_yaml_loads():
     assert cfg.rollout.cpu_affinity == [0] and cfg.learner.cpu_affinity == [1]
 
 
+@pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_config_validates(path):
+    load_config(path)
+
+
+def test_resources_are_mappings_of_amounts():
+    cfg = load_config(None, ["learner.resources={learner_node: 1}", "rollout.resources={rollout_node: 0.5}"])
+    assert cfg.learner.resources == {"learner_node": 1.0} and cfg.rollout.resources == {"rollout_node": 0.5}
+
+
 def test_parse_override_types():
     assert parse_override("a.b=3") == ("a.b", 3)
     assert parse_override("a.b=1e-5") == ("a.b", 1e-5)
@@ -44,6 +54,14 @@ def test_parse_override_types():
         ("rollout.cpu_affinity=[a]", "rollout.cpu_affinity[0]"),
         ("algorithm.correction=magic", "algorithm.correction"),
         ("task.eval_size=500", "task.eval_size"),
+        ("learner.num_workers=3", "learner.num_workers"),
+        ("rollout.weight_update=pause", "rollout.weight_update"),
+        ("learner.resources={GPU: 1}", "learner.resources"),
+        ("rollout.resources=[1]", "rollout.resources"),
+        ("rollout.resources={node: x}", "rollout.resources.node"),
+        ("algorithm.kl_penalty=both", "algorithm.kl_penalty"),
+        ("algorithm.lam=1.5", "algorithm.lam"),
+        ("task.name=jsonl", "task.path"),
     ],
 )
 def test_errors_name_the_key(override, key):
