@@ -3,8 +3,10 @@
 An asyncio Ray actor. Rollout workers ask `admit` before starting groups and
 `put` finished groups; the learner's batches come from `get_batch`, which
 never returns a sample past `buffer.max_staleness` (those are dropped and
-counted). Every sample ends here in exactly one status, written to the
-trajectory store.
+counted). A group is judged whole, by its oldest `policy_version_start`:
+samples of one group can start at different versions (rollout.weight_update
+=abort resubmits only the unfinished ones) and GRPO needs the group intact.
+Every sample ends here in exactly one status, written to the trajectory store.
 """
 from __future__ import annotations
 
@@ -95,9 +97,11 @@ class ReplayBuffer:
     def _drop_stale(self, version: int) -> None:
         keep = deque()
         for group in self.groups:
-            if is_stale(version, group[0]["policy_version_start"], self.max_staleness):
+            oldest = _oldest_start(group)
+            if is_stale(version, oldest, self.max_staleness):
+                reason = f"group staleness {version - oldest} > {self.max_staleness}"
                 for s in group:
-                    s.update(status=Status.DROPPED_STALE.value, status_reason=f"staleness {version - s['policy_version_start']} > {self.max_staleness}")
+                    s.update(status=Status.DROPPED_STALE.value, status_reason=reason)
                 self._drop(group, "dropped_stale")
                 self.store.append(group)
             else:
@@ -113,3 +117,8 @@ class ReplayBuffer:
         self.counts["consumed"] += len(batch)
         self.store.append(batch)
         return batch
+
+
+def _oldest_start(group: list[dict]) -> int:
+    """The group's staleness is its oldest sample's."""
+    return min(s["policy_version_start"] for s in group)

@@ -1,10 +1,13 @@
 """A small facade over vLLM's in-process engine step loop.
 
 The rollout worker drives the engine itself (`add` / `step` / `abort`), which
-starts in seconds on the CPU and lets weights change between two engine steps:
-requests running across an update keep going with the new weights (PipelineRL's
-in-flight update), and each sample records the versions it spanned. Nothing
-here knows about RL; SGLang can stand behind the same methods.
+starts in seconds on the CPU and lets weights change between two engine steps.
+`receive_weights` loads them and recomputes the KV of whatever is still
+running, so those requests go on under the new weights (PipelineRL's in-flight
+update); the worker may instead abort them first (`abort` is immediate and
+leaves the other requests running) or step until none is left
+(rollout.weight_update). Nothing here knows about RL; SGLang can stand behind
+the same methods.
 """
 from __future__ import annotations
 
@@ -71,19 +74,27 @@ class VLLMEngine:
         return done
 
     def abort(self, request_ids: list[str]) -> None:
+        """Drop these requests now, without stepping: the others keep running.
+
+        The in-process engine core handles the abort synchronously: on return the
+        requests are gone (not unfinished, no output) and their ids may be added again.
+        """
         if request_ids:
             self.engine.abort_request(request_ids)
-        while self.engine.has_unfinished_requests():
-            self.engine.step()
 
     def init_weight_sync(self, host: str, port: int, rank: int, world: int, backend: str, meta: list, bucket_bytes: int):
         return self.llm.collective_rpc("asyncrl_init_weight_sync", args=(host, port, rank, world, backend, meta, bucket_bytes))
 
-    def receive_weights(self) -> int:
-        received = sum(self.llm.collective_rpc("asyncrl_receive_weights"))
+    def receive_weights(self, ipc_handles: list | None = None) -> int:
+        """Receive the next version from the broadcast group, or map it from CUDA IPC handles."""
+        if ipc_handles is None:
+            received = sum(self.llm.collective_rpc("asyncrl_receive_weights"))
+        else:
+            received = sum(self.llm.collective_rpc("asyncrl_receive_weights_ipc", args=(ipc_handles,)))
         # KV computed by the old weights must not be reused: running requests are
         # preempted and re-prefilled with the new weights, their later tokens
-        # come from the new version (recorded as policy_version_end).
+        # come from the new version (recorded as policy_version_end). With none
+        # running (abort, drain) the cached prompt prefixes must still go.
         self.engine.reset_prefix_cache(reset_running_requests=True)
         return received
 

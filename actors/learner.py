@@ -24,7 +24,7 @@ from asyncrl.config import Config
 from asyncrl import learner_group as lg
 from asyncrl.models.value import ValueModel
 from asyncrl.util import pin_to_cores
-from asyncrl.weights import free_port, init_group, plan_buckets, resolve_backend, send_weights, tensor_meta
+from asyncrl.weights import free_port, init_group, plan_buckets, resolve_backend, send_weights, share_weights_ipc, tensor_meta
 
 
 def _device(name: str) -> torch.device:
@@ -80,12 +80,15 @@ class Learner:
         return [[m.name, m.dtype, list(m.shape)] for m in tensor_meta(self.model.named_parameters())]
 
     def backend(self) -> str:
+        if self.cfg.learner.weight_transport == "cuda_ipc":
+            return "cuda_ipc"
         return resolve_backend(self.cfg.learner.backend, self.device)
 
     def init_weight_sync(self, host: str, port: int, world_size: int) -> bool:
         self.params = [p for _, p in self.model.named_parameters()]
         self.buckets = plan_buckets(tensor_meta(self.model.named_parameters()), self.cfg.learner.sync_bucket_bytes)
-        self.group = init_group(host, port, 0, world_size, self.backend())
+        if self.backend() != "cuda_ipc":
+            self.group = init_group(host, port, 0, world_size, self.backend())
         return True
 
     def broadcast_weights(self) -> dict:
@@ -93,6 +96,17 @@ class Learner:
         with torch.no_grad():
             sent = send_weights(self.group, self.params, self.buckets)
         return {"seconds": time.monotonic() - t0, "bytes": sent}
+
+    def share_weights_ipc(self) -> list:
+        """cuda_ipc: pack the weights and return one IPC handle per bucket; the buffers live until release."""
+        with torch.no_grad():
+            handles, self._ipc_buffers = share_weights_ipc(self.params, self.buckets)
+        return handles
+
+    def release_weights_ipc(self) -> int:
+        sent = sum(b.numel() * b.element_size() for b in self._ipc_buffers)
+        self._ipc_buffers = []
+        return sent
 
     # ---- training ------------------------------------------------------------------
 

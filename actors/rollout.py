@@ -5,6 +5,22 @@ buffer to admit new groups (the staleness bound), add their requests, step the
 engine, score finished groups and hand them to the buffer. Other methods run
 on Ray's thread pool and only talk to the loop through a queue and events, so
 the engine is touched by one thread at a time.
+
+A weight update lands between two engine steps; `rollout.weight_update` says
+what becomes of the requests still generating then:
+
+- keep: they go on under the new weights (re-prefilled), so a sample may span
+  versions: `policy_version_start` < `policy_version_end`.
+- abort: they are aborted and resubmitted from the prompt under the new
+  version (same sample id), so every token of a sample comes from one
+  version; the partial output is thrown away (`resubmitted` counts them).
+- drain: the loop admits nothing new and steps until they have finished on
+  the old weights, then loads (`drain_s` counts the wait; the learner's
+  broadcast waits with it).
+
+A sample's start version is its own request's, so within a group it can differ
+(abort resubmits only the unfinished ones); the buffer judges a group by its
+oldest.
 """
 from __future__ import annotations
 
@@ -27,14 +43,15 @@ class _Group:
     group_id: str
     prompt: Prompt
     prompt_ids: list[int]
-    version_start: int
     t_submitted: float
+    starts: dict[str, int] = field(default_factory=dict)  # sample_id -> version its current request started at
     done: dict[str, tuple[Finished, int, float]] = field(default_factory=dict)  # sample_id -> (out, version, t)
 
 
 @dataclass
 class _Update:
     version: int
+    handles: list | None = None  # CUDA IPC handles (learner.weight_transport=cuda_ipc); None: broadcast
     done: threading.Event = field(default_factory=threading.Event)
     result: dict = field(default_factory=dict)
 
@@ -48,7 +65,7 @@ class RolloutWorker:
             model_path, cfg.model.dtype, cfg.model.max_model_len, cfg.run.seed + worker_id, r.kv_cache_gib, r.gpu_memory_utilization
         )
         self.params = self.engine.sampling_params(r.temperature, r.top_p, r.max_new_tokens)
-        task = make_task(cfg.task.name, cfg.task.digits, cfg.task.eval_size, cfg.run.seed)
+        task = make_task(cfg.task, cfg.run.seed)
         self.prompts = task.train_prompts(seed=cfg.run.seed * 1000 + worker_id, start=start_cursor)
         self.reward_fn = make_reward(cfg.task.reward)
         self.version = 0
@@ -57,7 +74,8 @@ class RolloutWorker:
         self.updates: queue.Queue[_Update] = queue.Queue()
         self.stop_flag = threading.Event()
         self.thread: threading.Thread | None = None
-        self.counters = {"groups_started": 0, "groups_done": 0, "tokens": 0, "busy_s": 0.0, "idle_s": 0.0, "weight_updates": 0}
+        self.counters = {"groups_started": 0, "groups_done": 0, "tokens": 0, "busy_s": 0.0, "idle_s": 0.0, "weight_updates": 0,
+                         "resubmitted": 0, "drain_s": 0.0}
         self.pending_puts: list = []
         self.next_group = 0
         self.max_prompt = cfg.model.max_model_len - r.max_new_tokens
@@ -75,9 +93,9 @@ class RolloutWorker:
         self.thread = threading.Thread(target=self._loop, name=f"rollout-{self.id}", daemon=True)
         self.thread.start()
 
-    def update_weights(self, version: int) -> dict:
-        """Blocks until the loop has received and loaded `version` (between two engine steps)."""
-        update = _Update(version)
+    def update_weights(self, version: int, handles: list | None = None) -> dict:
+        """Blocks until the loop has received and loaded `version` (between two engine steps; with drain, once nothing runs)."""
+        update = _Update(version, handles)
         if self.thread is None or not self.thread.is_alive():
             self._apply(update)
         else:
@@ -135,41 +153,77 @@ class RolloutWorker:
                 self._start_groups(admitted)
                 next_admit = time.monotonic() + (0.0 if admitted else 0.005)
             if self.engine.has_unfinished():
-                t0 = time.monotonic()
-                finished = self.engine.step()
-                self.counters["busy_s"] += time.monotonic() - t0
-                self._collect(finished)
+                self._step()
             else:
                 t0 = time.monotonic()
                 self.stop_flag.wait(0.005)
                 self.counters["idle_s"] += time.monotonic() - t0
 
-    def _apply(self, update: _Update) -> None:
+    def _step(self) -> None:
         t0 = time.monotonic()
+        finished = self.engine.step()
+        self.counters["busy_s"] += time.monotonic() - t0
+        self._collect(finished)
+
+    def _apply(self, update: _Update) -> None:
         try:
-            nbytes = self.engine.receive_weights()
-        except Exception as exc:  # reported to the caller of update_weights
-            update.result = {"error": f"weight receive failed on worker {self.id}: {exc!r}"}
-        else:
-            self.version = update.version
-            self.counters["weight_updates"] += 1
-            update.result = {"seconds": time.monotonic() - t0, "bytes": nbytes, "version": self.version}
+            update.result = self._update(update.version, update.handles)
+        except Exception as exc:  # reported to the caller of update_weights, which fails the run
+            update.result = {"error": f"weight update failed on worker {self.id}: {exc!r}"}
         update.done.set()
+
+    def _update(self, version: int, handles: list | None = None) -> dict:
+        """Load `version`; running requests are kept, aborted and resubmitted, or drained first (rollout.weight_update)."""
+        mode = self.cfg.rollout.weight_update
+        if mode == "drain":
+            self._drain()
+        aborted = self._abort_unfinished() if mode == "abort" else []
+        t0 = time.monotonic()
+        nbytes = self.engine.receive_weights(handles)
+        self.version = version
+        self.counters["weight_updates"] += 1
+        self._resubmit(aborted)
+        return {"seconds": time.monotonic() - t0, "bytes": nbytes, "version": version}
+
+    def _drain(self) -> None:
+        """Step until every running request has finished on the current weights; nothing is admitted meanwhile.
+
+        `drain_s` adds up only these steps: it stays 0 while updates find the engine idle."""
+        while self.engine.has_unfinished():
+            t0 = time.monotonic()
+            self._step()
+            self.counters["drain_s"] += time.monotonic() - t0
+
+    def _abort_unfinished(self) -> list[str]:
+        """Abort every request still generating (the others are untouched); returns their sample ids."""
+        sample_ids = list(self._request_ids())
+        self.engine.abort(sample_ids)
+        return sample_ids
+
+    def _resubmit(self, sample_ids: list[str]) -> None:
+        """Restart aborted samples from their prompt: the new request starts, and is recorded, at the current version."""
+        for sample_id in sample_ids:
+            self._submit(self.inflight[_group_id(sample_id)], sample_id)
+        self.counters["resubmitted"] += len(sample_ids)
 
     def _start_groups(self, n: int) -> None:
         for _ in range(n):
             prompt = next(self.prompts)
-            group = _Group(f"{self.run_id}-w{self.id}-g{self.next_group}", prompt, self._encode(prompt.text), self.version, time.time())
+            group = _Group(f"{self.run_id}-w{self.id}-g{self.next_group}", prompt, self._encode(prompt.text), time.time())
             self.next_group += 1
             self.inflight[group.group_id] = group
             self.counters["groups_started"] += 1
             for i in range(self.cfg.rollout.group_size):
-                self.engine.add(f"{group.group_id}-{i}", group.prompt_ids, self.params)
+                self._submit(group, f"{group.group_id}-{i}")
+
+    def _submit(self, group: _Group, sample_id: str) -> None:
+        group.starts[sample_id] = self.version
+        self.engine.add(sample_id, group.prompt_ids, self.params)
 
     def _collect(self, finished: list[Finished]) -> None:
         now = time.time()
         for out in finished:
-            group_id = out.request_id.rsplit("-", 1)[0]
+            group_id = _group_id(out.request_id)
             group = self.inflight[group_id]
             group.done[out.request_id] = (out, self.version, now)
             self.counters["tokens"] += len(out.token_ids)
@@ -201,7 +255,7 @@ class RolloutWorker:
             run_id=self.run_id, sample_id=sample_id, group_id=group.group_id, prompt_id=group.prompt.prompt_id,
             worker_id=self.id, prompt_text=group.prompt.text, prompt_ids=group.prompt_ids, response_ids=ids,
             response_text=self._decode(ids), behavior_logprobs=lps, finish_reason=reason,
-            policy_version_start=group.version_start, policy_version_end=version_end,
+            policy_version_start=group.starts[sample_id], policy_version_end=version_end,
             t_submitted=group.t_submitted, t_generated=t_gen,
         )
 
@@ -222,10 +276,19 @@ class RolloutWorker:
                     yield f"{group.group_id}-{i}"
 
     def _encode(self, text: str) -> list[int]:
-        ids = self.engine.tokenizer(text).input_ids
+        tok = self.engine.tokenizer
+        if self.cfg.task.chat:
+            ids = list(tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True))
+        else:
+            ids = tok(text).input_ids
         if not ids or len(ids) > self.max_prompt:
             raise ValueError(f"prompt {text!r} encodes to {len(ids)} tokens; allowed 1..{self.max_prompt}")
         return ids
 
     def _decode(self, ids: list[int]) -> str:
         return self.engine.tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def _group_id(sample_id: str) -> str:
+    """Sample ids are `<group_id>-<index>`."""
+    return sample_id.rsplit("-", 1)[0]

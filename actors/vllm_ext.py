@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from asyncrl.weights import TensorMeta, init_group, plan_buckets, receive_weights
+from asyncrl.weights import TensorMeta, init_group, open_weights_ipc, plan_buckets, receive_weights
 
 
 class WeightSyncExtension:
@@ -17,8 +17,15 @@ class WeightSyncExtension:
     ) -> bool:
         self._asyncrl_meta = [TensorMeta(n, d, tuple(s)) for n, d, s in meta]
         self._asyncrl_buckets = plan_buckets(self._asyncrl_meta, bucket_bytes)
-        self._asyncrl_group = init_group(host, port, rank, world_size, backend)
+        if backend != "cuda_ipc":  # IPC needs no group: handles come with each update
+            self._asyncrl_group = init_group(host, port, rank, world_size, backend)
         return True
+
+    def asyncrl_receive_weights_ipc(self, handles: list) -> int:
+        """Colocated on the learner's GPU: map the learner's buckets and load them (no copy on the wire)."""
+        weights = list(open_weights_ipc(handles, self._asyncrl_meta, self._asyncrl_buckets, torch.cuda.current_device()))
+        self.model_runner.reload_weights(weights_iterator=weights)  # type: ignore[attr-defined]
+        return sum(t.numel() * t.element_size() for _, t in weights)
 
     def asyncrl_receive_weights(self) -> int:
         """Receive every bucket, then load the lot in one `reload_weights` call; returns bytes."""

@@ -121,6 +121,8 @@ class LearnerConfig:
     """Weights are broadcast in flat buckets of at most this many MiB."""
     backend: str = "auto"
     """Weight broadcast backend: auto (nccl on GPUs, gloo on CPUs), gloo or nccl."""
+    weight_transport: str = "broadcast"
+    """How weights reach the engines: broadcast (a torch.distributed group, `backend`) or cuda_ipc (learner and engines share one GPU: CUDA IPC handles, no copy; GPU only, untested on CPU machines)."""
     device: str = "auto"
     """Learner device: auto, cpu or cuda."""
     num_cpus: float = 1.0
@@ -348,6 +350,12 @@ def validate(cfg: Config) -> Config:
     _check(lr.critic_lr > 0, "learner.critic_lr", "must be > 0")
     _check(lr.delay_s >= 0, "learner.delay_s", "must be >= 0")
     _check(lr.num_workers >= 1, "learner.num_workers", "must be >= 1")
+    _check(lr.weight_transport in ("broadcast", "cuda_ipc"), "learner.weight_transport", "must be broadcast or cuda_ipc")
+    _check(
+        lr.weight_transport != "cuda_ipc" or (lr.device != "cpu" and lr.num_gpus > 0 and r.num_gpus > 0),
+        "learner.weight_transport",
+        "cuda_ipc needs the learner and the engines on a GPU (learner.num_gpus and rollout.num_gpus > 0, e.g. 0.5 each to share one)",
+    )
     _check(
         lr.batch_size % (lr.num_workers * lr.mini_batches) == 0,
         "learner.num_workers",

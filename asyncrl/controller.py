@@ -160,10 +160,15 @@ class Controller:
     def sync_weights(self) -> dict:
         t0 = time.perf_counter()
         self.version += 1
-        refs = [self.learner.broadcast_weights.remote()] + [w.update_weights.remote(self.version) for w in self.workers]
-        sent = ray.get(refs)[0]
+        if self.cfg.learner.weight_transport == "cuda_ipc":
+            handles = ray.get(self.learner.share_weights_ipc.remote())
+            ray.get([w.update_weights.remote(self.version, handles) for w in self.workers])
+            sent = ray.get(self.learner.release_weights_ipc.remote())
+        else:
+            refs = [self.learner.broadcast_weights.remote()] + [w.update_weights.remote(self.version) for w in self.workers]
+            sent = ray.get(refs)[0]["bytes"]
         ray.get(self.buffer.set_version.remote(self.version))
-        return {"seconds": time.perf_counter() - t0, "bytes": sent["bytes"]}
+        return {"seconds": time.perf_counter() - t0, "bytes": sent}
 
     def rollout_metrics(self) -> dict:
         stats = ray.get([w.stats.remote() for w in self.workers])

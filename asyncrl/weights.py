@@ -1,9 +1,14 @@
-"""Weight transport: learner rank 0 broadcasts flat buckets to every engine worker.
+"""Weight transport: learner rank 0 sends flat buckets to every engine worker.
 
-One code path for CPUs and GPUs: the group is vLLM's stateless
-torch.distributed group (gloo on CPUs, NCCL on GPUs), the broadcast is the
-group's own `broadcast`. Both ends compute the same bucket plan from the same
-metadata, so only raw bytes cross the wire; names and shapes travel once, by Ray.
+Two transports over one bucket plan (`learner.weight_transport`):
+- ``broadcast`` (CPUs and GPUs): vLLM's stateless torch.distributed group
+  (gloo on CPUs, NCCL on GPUs), the group's own `broadcast`.
+- ``cuda_ipc`` (learner and engine colocated on one GPU, where NCCL cannot
+  connect two processes on the same device): each bucket is exported as a CUDA
+  IPC handle (torch's `reduce_tensor`) that travels by Ray; the engine maps it
+  without a copy (`rebuild_cuda_tensor`), as vLLM's own weight cache does.
+Both ends compute the same bucket plan from the same metadata, so only raw
+bytes (or handles) cross; names and shapes travel once, by Ray.
 """
 from __future__ import annotations
 
@@ -84,10 +89,23 @@ def send_weights(group, tensors: list[torch.Tensor], buckets: list[list[int]]) -
     """Rank 0: broadcast each bucket as one flat tensor; returns bytes sent."""
     sent = 0
     for bucket in buckets:
-        flat = torch.cat([tensors[i].detach().reshape(-1) for i in bucket])
+        flat = pack(tensors, bucket)
         _broadcast(group, flat)
         sent += flat.numel() * flat.element_size()
     return sent
+
+
+def pack(tensors: list[torch.Tensor], bucket: list[int]) -> torch.Tensor:
+    return torch.cat([tensors[i].detach().reshape(-1) for i in bucket])
+
+
+def unpack(flat: torch.Tensor, meta: list[TensorMeta], bucket: list[int]) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, view) for each tensor of `bucket` inside its flat buffer."""
+    offset = 0
+    for i in bucket:
+        m = meta[i]
+        yield m.name, flat[offset : offset + m.numel].view(m.shape)
+        offset += m.numel
 
 
 def receive_weights(
@@ -98,8 +116,25 @@ def receive_weights(
         dtype = getattr(torch, meta[bucket[0]].dtype)
         flat = torch.empty(sum(meta[i].numel for i in bucket), dtype=dtype, device=device)
         _broadcast(group, flat)
-        offset = 0
-        for i in bucket:
-            m = meta[i]
-            yield m.name, flat[offset : offset + m.numel].view(m.shape)
-            offset += m.numel
+        yield from unpack(flat, meta, bucket)
+
+
+def share_weights_ipc(tensors: list[torch.Tensor], buckets: list[list[int]]) -> tuple[list[tuple], list[torch.Tensor]]:
+    """Colocated rank 0: (one CUDA IPC handle per bucket, the packed buffers). Keep the buffers
+    alive until every engine has loaded them; the handles are picklable and go by Ray."""
+    from torch.multiprocessing.reductions import reduce_tensor
+
+    flats = [pack(tensors, b) for b in buckets]
+    return [reduce_tensor(f)[1] for f in flats], flats
+
+
+def open_weights_ipc(
+    handles: list[tuple], meta: list[TensorMeta], buckets: list[list[int]], device_index: int
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Engine side: map each bucket's handle on this process's device and yield (name, view)."""
+    from torch.multiprocessing.reductions import rebuild_cuda_tensor
+
+    for handle, bucket in zip(handles, buckets):
+        args = list(handle)
+        args[6] = device_index  # the sender's device index; CUDA_VISIBLE_DEVICES may differ here
+        yield from unpack(rebuild_cuda_tensor(*args), meta, bucket)
