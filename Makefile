@@ -23,8 +23,12 @@ $(STAMP): pyproject.toml Makefile
 model: $(STAMP)
 	$(PY) -m asyncrl.models.tiny
 
+# the run directory, following ARGS="run.output_dir=..." when given
+RUN_DIR = $(or $(patsubst run.output_dir=%,%,$(filter run.output_dir=%,$(ARGS))),runs/default)
+
 run: $(STAMP)
 	$(PY) -m asyncrl.run --config configs/default.yaml $(ARGS)
+	$(PY) -m asyncrl.plot $(RUN_DIR)
 
 smoke: $(STAMP)
 	$(PY) -m asyncrl.run --config configs/smoke.yaml $(ARGS)

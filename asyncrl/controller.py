@@ -7,6 +7,7 @@ are measured (`time/learner_wait_s`).
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -23,6 +24,7 @@ from actors.buffer import ReplayBuffer
 from actors.learner import Learner
 from actors.rollout import RolloutWorker
 from algorithms import get_algorithm
+from asyncrl.analysis import bottleneck
 from asyncrl.config import Config
 from asyncrl.metrics import MetricsSink
 from asyncrl.models.tiny import resolve_model_path
@@ -84,7 +86,10 @@ class Controller:
             for i in range(r.num_workers)
         ]
         self.version = 0
-        self.tokens_seen, self.tokens_t = 0, time.time()
+        self.tokens_t = time.time()
+        self.worker_seen: dict[int, dict] = {}  # worker id -> counters at the previous step
+        self.trained_total, self.learner_compute_total = 0, 0.0
+        self.last_histograms: dict[str, list[float]] = {}
         self.placement = {
             "learner_nodes": ray.get([a.node_id.remote() for a in self.learners]),
             "rollout_nodes": ray.get([w.node_id.remote() for w in self.workers]),
@@ -122,8 +127,10 @@ class Controller:
         cfg, t_start = self.cfg, time.time()
         before = self.evaluate() if cfg.run.eval else float("nan")
         ray.get([w.start.remote() for w in self.workers])
+        history = []
         for step in range(cfg.run.steps):
-            sink.log(self.step(step))
+            history.append(self.step(step))
+            sink.log(history[-1], histograms=self.last_histograms)
         ends = ray.get([w.stop.remote() for w in self.workers])
         buffer_counts = ray.get(self.buffer.close.remote())
         after = self.evaluate() if cfg.run.eval else float("nan")
@@ -132,6 +139,7 @@ class Controller:
             "steps": cfg.run.steps, "wall_s": time.time() - t_start, "policy_version": self.version,
             "eval/accuracy_before": before, "eval/accuracy_after": after,
             "samples": buffer_counts, "rollout": ends, "placement": self.placement,
+            "bottleneck": dataclasses.asdict(bottleneck(history)),
         }
 
     def step(self, step: int) -> dict:
@@ -150,11 +158,20 @@ class Controller:
         if metrics.get("alert/kl"):
             action = "rolled back to the last good weights" if metrics.get("alert/rolled_back") else self.cfg.algorithm.kl_action
             print(f"asyncrl: ALERT step {step}: kl/ref {metrics['kl/ref']:.4f} > {self.cfg.algorithm.kl_alert} ({action})", flush=True)
+        step_s = time.perf_counter() - t0
+        compute_s = metrics["time/train_end"] - metrics["time/train_start"]
+        self.trained_total += len(batch)
+        self.learner_compute_total += compute_s * len(self.learners)
         metrics.update(self.rollout_metrics())
         metrics.update({
-            "step": step, "policy_version": self.version, "time/step_s": time.perf_counter() - t0,
-            "time/learner_wait_s": waited, "time/weight_sync_s": sync["seconds"], "weights/sync_bytes": sync["bytes"],
+            "step": step, "policy_version": self.version, "time/step_s": step_s,
+            "time/learner_wait_s": waited, "time/learner_wait_frac": waited / step_s, "time/learner_compute_s": compute_s,
+            "time/weight_sync_s": sync["seconds"], "time/weight_sync_frac": sync["seconds"] / step_s, "weights/sync_bytes": sync["bytes"],
+            "samples/trained_total": self.trained_total,
+            "samples/effective_rate": self.trained_total / max(metrics["samples/generated_total"], 1),
+            "samples/cost_per_1k_effective": 1000 * (metrics["rollout/busy_s_total"] + self.learner_compute_total) / self.trained_total,
         })
+        self.last_histograms = batch_histograms(batch, self.version)
         return metrics
 
     def sync_weights(self) -> dict:
@@ -175,14 +192,25 @@ class Controller:
         errors = [s["error"] for s in stats if s["error"]]
         if errors:
             raise RuntimeError("; ".join(errors))
-        tokens, now = sum(s["tokens"] for s in stats), time.time()
-        rate = (tokens - self.tokens_seen) / max(now - self.tokens_t, 1e-9)
-        self.tokens_seen, self.tokens_t = tokens, now
+        now = time.time()
+        elapsed = max(now - self.tokens_t, 1e-9)
+        per_worker = {}
+        for st in stats:  # rates since the previous step, per worker
+            before = self.worker_seen.get(st["worker_id"], {"tokens": 0, "busy_s": 0.0, "idle_s": 0.0})
+            busy, idle = st["busy_s"] - before["busy_s"], st["idle_s"] - before["idle_s"]
+            per_worker[f"rollout/w{st['worker_id']}/tokens_per_s"] = (st["tokens"] - before["tokens"]) / elapsed
+            per_worker[f"rollout/w{st['worker_id']}/idle_frac"] = idle / max(busy + idle, 1e-9)
+            self.worker_seen[st["worker_id"]] = {k: st[k] for k in ("tokens", "busy_s", "idle_s")}
+        self.tokens_t = now
         busy = sum(s["busy_s"] for s in stats)
         idle = sum(s["idle_s"] for s in stats)
         buf = ray.get(self.buffer.stats.remote())
         return {
-            "rollout/tokens_per_s": rate, "rollout/idle_frac": idle / max(busy + idle, 1e-9),
+            "rollout/tokens_per_s": sum(v for k, v in per_worker.items() if k.endswith("tokens_per_s")),
+            "rollout/idle_frac": idle / max(busy + idle, 1e-9), **per_worker,
+            "rollout/busy_s_total": busy, "rollout/resubmitted_total": sum(s["resubmitted"] for s in stats),
+            "rollout/drain_s_total": sum(s["drain_s"] for s in stats),
+            "samples/generated_total": sum(s["groups_done"] for s in stats) * self.cfg.rollout.group_size,
             "rollout/inflight_groups": sum(s["inflight_groups"] for s in stats),
             "buffer/buffered_groups": buf["buffered_groups"], "buffer/refused_admissions": buf["refused_admissions"],
             "buffer/dropped_stale": buf["dropped_stale"], "buffer/dropped_error": buf["dropped_error"],
@@ -193,6 +221,15 @@ class Controller:
             ray.kill(actor)
         for pg in self.pools:
             remove_placement_group(pg)
+
+
+def batch_histograms(batch: list[dict], version: int) -> dict[str, list[float]]:
+    """Per-sample values of one batch, for wandb histograms."""
+    return {
+        "reward/hist": [float(s["reward"]) for s in batch],
+        "staleness/hist": [float(version - s["policy_version_start"]) for s in batch],
+        "samples/response_len_hist": [float(len(s["response_ids"])) for s in batch],
+    }
 
 
 def check_plugins(cfg: Config) -> None:

@@ -45,11 +45,15 @@ class MetricsSink:
             )
             (run_dir / "wandb_run_id").write_text(self.wandb.id)
 
-    def log(self, metrics: dict[str, Any]) -> None:
+    def log(self, metrics: dict[str, Any], histograms: dict[str, list[float]] | None = None) -> None:
+        """One step: a line in metrics.jsonl, a wandb step (with `histograms` as wandb.Histogram), a console line."""
         self.file.write(json.dumps(metrics) + "\n")
         self.file.flush()
         if self.wandb is not None:
-            self.wandb.log(metrics, step=int(metrics["step"]))
+            import wandb
+
+            hists = {k: wandb.Histogram(v) for k, v in (histograms or {}).items() if v}
+            self.wandb.log({**metrics, **hists}, step=int(metrics["step"]))
         if self.console:
             print(console_line(metrics), file=sys.stdout, flush=True)
 

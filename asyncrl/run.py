@@ -55,6 +55,9 @@ def main(argv: list[str] | None = None) -> int:
     if not math.isnan(gain):
         print(f"  accuracy gain          {gain:+.3f}")
     print(f"  run directory          {cfg.run.output_dir}")
+    verdict = summary["bottleneck"]
+    ratios = ", ".join(f"{k} {v:.0%}" for k, v in verdict["ratios"].items())
+    print(f"\nbottleneck: {verdict['kind']} ({ratios})" + "".join(f"\n  - {a}" for a in verdict["advice"]))
     return 0
 
 

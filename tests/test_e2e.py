@@ -71,6 +71,24 @@ def test_run_directory_is_complete(async_run):
     assert "step=   7" in proc.stdout and "asyncrl run summary" in proc.stdout
 
 
+def test_every_logged_metric_is_documented(async_run):
+    import re
+
+    documented = set(re.findall(r"`([a-z_]+/[a-z0-9_<>/]+)`", (ROOT / "docs/metrics.md").read_text()))
+    logged = {re.sub(r"/w\d+/", "/w<i>/", k) for row in metrics_of(async_run[0]) for k in row if "/" in k}
+    assert not logged - documented, f"add these to docs/metrics.md: {sorted(logged - documented)}"
+
+
+def test_end_of_run_verdict_and_plots(async_run):
+    run_dir, proc = async_run
+    assert "bottleneck: " in proc.stdout
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["bottleneck"]["kind"] in ("generation-bound", "training-bound", "balanced")
+    plots = subprocess.run([sys.executable, "-m", "asyncrl.plot", str(run_dir)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert plots.returncode == 0, plots.stderr
+    assert {"reward.png", "kl.png", "is_ratio.png", "staleness.png", "timeline.png"} <= {p.name for p in (run_dir / "plots").iterdir()}
+
+
 def test_no_orphaned_actor_or_engine_processes(async_run):
     deadline = time.monotonic() + 20
     while actor_processes() and time.monotonic() < deadline:
@@ -134,3 +152,15 @@ def test_each_builtin_algorithm_learns_on_the_smoke_config(tiny_model_dir, tmp_p
     assert summary["eval/accuracy_after"] >= summary["eval/accuracy_before"] + 0.1, summary
     if algorithm == "ppo":
         assert "loss/value" in metrics_of(tmp_path)[-1]
+
+
+def test_two_rollout_workers_and_two_learners_learn(tiny_model_dir, tmp_path):
+    run_smoke(tmp_path, tiny_model_dir, "rollout.num_workers=2", "learner.num_workers=2")
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["eval/accuracy_after"] >= summary["eval/accuracy_before"] + 0.1, summary
+    assert len(summary["placement"]["learner_nodes"]) == 2 and len(summary["rollout"]) == 2
+    assert all(w["groups_done"] > 0 and w["weight_updates"] == summary["policy_version"] for w in summary["rollout"])
+    consumed = [r for r in read_trajectories(tmp_path / "trajectories").to_pylist() if r["status"] == "consumed"]
+    assert {r["worker_id"] for r in consumed} == {0, 1}
+    row = metrics_of(tmp_path)[-1]
+    assert {"rollout/w0/tokens_per_s", "rollout/w1/idle_frac", "samples/effective_rate", "time/learner_compute_s"} <= set(row)
