@@ -25,7 +25,7 @@ class ReplayBuffer:
         self.max_staleness = cfg.buffer.max_staleness
         self.capacity = cfg.buffer.capacity_groups
         self.groups_per_version = cfg.groups_per_step * cfg.learner.sync_every
-        self.store = TrajectoryStore(store_dir)
+        self.store = TrajectoryStore(store_dir, flush_s=cfg.buffer.store_flush_s)
         self.groups: deque[list[dict]] = deque()
         self.version = 0
         self.live = 0  # admitted and not dropped

@@ -99,6 +99,8 @@ class BufferConfig:
     """Groups held at most; producers are refused admission beyond it."""
     sample_timeout_s: float = 600.0
     """How long the learner waits for a batch before the run fails."""
+    store_flush_s: float = 5.0
+    """Write buffered trajectory records to a new Parquet part at least this often (and every 512 records): a killed run loses at most this much of its record."""
 
 
 @dataclass
@@ -319,6 +321,7 @@ def validate(cfg: Config) -> Config:
     _check(r.kv_cache_gib > 0, "rollout.kv_cache_gib", "must be > 0")
     _check(b.max_staleness >= 0, "buffer.max_staleness", f"must be >= 0 (got {b.max_staleness})")
     _check(b.sample_timeout_s > 0, "buffer.sample_timeout_s", "must be > 0")
+    _check(b.store_flush_s > 0, "buffer.store_flush_s", "must be > 0")
     _check(lr.batch_size >= 1, "learner.batch_size", "must be >= 1")
     _check(
         lr.batch_size % r.group_size == 0,

@@ -1,11 +1,14 @@
 """Append-only Parquet store of every sample (trajectories/part-NNNNN.parquet).
 
 Each flush writes a new part file through a temporary name and an atomic
-rename, so a run killed mid-way leaves only whole files behind.
+rename, so a run killed mid-way leaves only whole files behind. A flush
+happens every `flush_rows` records or `flush_s` seconds, whichever comes
+first, so a killed run loses at most that much of its record.
 """
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -15,20 +18,22 @@ from asyncrl.schema import SAMPLE_SCHEMA, SCHEMA_VERSION
 
 
 class TrajectoryStore:
-    def __init__(self, directory: str | Path, flush_rows: int = 512) -> None:
+    def __init__(self, directory: str | Path, flush_rows: int = 512, flush_s: float = 10.0) -> None:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
-        self.flush_rows = flush_rows
+        self.flush_rows, self.flush_s = flush_rows, flush_s
+        self._last_flush = time.monotonic()
         self._pending: list[dict] = []
         self._next_part = len(list(self.directory.glob("part-*.parquet")))
         self.rows_written = 0
 
     def append(self, records: list[dict]) -> None:
         self._pending.extend(records)
-        if len(self._pending) >= self.flush_rows:
+        if len(self._pending) >= self.flush_rows or time.monotonic() - self._last_flush >= self.flush_s:
             self.flush()
 
     def flush(self) -> None:
+        self._last_flush = time.monotonic()
         if not self._pending:
             return
         table = pa.Table.from_pylist(self._pending, schema=SAMPLE_SCHEMA)
