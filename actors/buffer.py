@@ -76,6 +76,17 @@ class ReplayBuffer:
         self.counts["aborted"] += len(records)
         self.store.append(records)
 
+    async def flush(self) -> int:
+        """Write every pending record now (before a checkpoint); returns rows written so far."""
+        self.store.flush()
+        return self.store.rows_written
+
+    async def restore(self, version: int, consumed_groups: int, counts: dict) -> None:
+        """Resume: the run's accounting at a checkpoint, with nothing in flight (admission continues from there)."""
+        self.version = version
+        self.live, self.outstanding = consumed_groups, 0
+        self.counts.update(counts)
+
     async def stats(self) -> dict:
         return {**self.counts, "buffered_groups": len(self.groups), "outstanding_groups": self.outstanding, "version": self.version}
 

@@ -230,6 +230,32 @@ class Learner:
             lps = torch.log_softmax(logits, -1).gather(-1, ids[0, 1:, None])[:, 0]
         return lps.tolist()
 
+    def save_checkpoint(self, directory: str) -> str:
+        """learner.pt: policy, critic, optimizers, counters and RNG (every rank holds the same; rank 0 writes)."""
+        state = {
+            "model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
+            "steps_done": self.steps_done, "skipped_steps": self.skipped_steps, "torch_rng": torch.get_rng_state(),
+        }
+        if self.critic is not None:
+            state.update(critic=self.critic.state_dict(), critic_optimizer=self.critic_opt.state_dict())
+        path = f"{directory}/learner.pt"
+        torch.save(state, path)
+        return path
+
+    def load_checkpoint(self, directory: str) -> int:
+        """Continue from learner.pt; the reference policy stays the run's initial model. Returns steps done."""
+        state = torch.load(f"{directory}/learner.pt", map_location=self.device, weights_only=True)
+        self.model.load_state_dict(state["model"])
+        self.opt.load_state_dict(state["optimizer"])
+        if self.critic is not None:
+            if "critic" not in state:
+                raise ValueError(f"{directory} has no critic: it was written by a run without one")
+            self.critic.load_state_dict(state["critic"])
+            self.critic_opt.load_state_dict(state["critic_optimizer"])
+        self.steps_done, self.skipped_steps = state["steps_done"], state["skipped_steps"]
+        torch.set_rng_state(state["torch_rng"].cpu())
+        return self.steps_done
+
     def save(self, path: str, tokenizer_from: str) -> str:
         from transformers import AutoTokenizer
 

@@ -21,6 +21,22 @@ what becomes of the requests still generating then:
 A sample's start version is its own request's, so within a group it can differ
 (abort resubmits only the unfinished ones); the buffer judges a group by its
 oldest.
+
+Faults are counted drops, not crashes; every sample still ends in one status:
+
+- A reward call that raises, or runs past `task.reward_timeout_s`, drops its
+  group as dropped_error (`reward_errors`, `reward_timeouts`). Rewards run on
+  a few daemon threads (asyncrl.tasks.RewardRunner) and the loop waits for each
+  call up to the timeout; a timed-out call cannot be killed and keeps its
+  thread, so once all of them are held the worker reports an error.
+- When every sample of `task.max_consecutive_reward_failures` groups in a row
+  fails scoring, the worker reports an error naming the reward and the last
+  reason (the controller stops the run on any worker error).
+- A prompt that is empty or too long for the engine becomes a group recorded
+  as dropped_error without generating (`bad_prompts`); the loop goes on.
+
+A worker that reports an error (`stats()["error"]`) stops its loop; what was
+still generating is recorded as aborted by `stop()`.
 """
 from __future__ import annotations
 
@@ -34,7 +50,7 @@ import ray
 from actors.engine import Finished, VLLMEngine
 from asyncrl.config import Config
 from asyncrl.schema import Status, new_sample
-from asyncrl.tasks import Prompt, make_reward, make_task
+from asyncrl.tasks import Prompt, RewardRunner, RewardThreadsStuck, RewardTimeout, make_reward, make_task
 from asyncrl.util import pin_to_cores
 
 
@@ -56,6 +72,10 @@ class _Update:
     result: dict = field(default_factory=dict)
 
 
+REWARD_THREADS = 4
+"""Threads per worker for reward calls; a timed-out call holds one until it returns (see RewardRunner)."""
+
+
 class RolloutWorker:
     def __init__(self, worker_id: int, cfg: Config, model_path: str, buffer, run_id: str, start_cursor: int = 0) -> None:
         pin_to_cores(cfg.rollout.cpu_affinity)
@@ -67,7 +87,10 @@ class RolloutWorker:
         self.params = self.engine.sampling_params(r.temperature, r.top_p, r.max_new_tokens)
         task = make_task(cfg.task, cfg.run.seed)
         self.prompts = task.train_prompts(seed=cfg.run.seed * 1000 + worker_id, start=start_cursor)
-        self.reward_fn = make_reward(cfg.task.reward)
+        timeout_s = cfg.task.reward_timeout_s
+        self.reward = RewardRunner(make_reward(cfg.task.reward), timeout_s, REWARD_THREADS, f"reward-w{worker_id}")
+        self.max_reward_failures = cfg.task.max_consecutive_reward_failures
+        self.reward_failures = 0  # groups in a row whose every sample failed scoring
         self.version = 0
         self.error: str | None = None
         self.inflight: dict[str, _Group] = {}
@@ -75,7 +98,8 @@ class RolloutWorker:
         self.stop_flag = threading.Event()
         self.thread: threading.Thread | None = None
         self.counters = {"groups_started": 0, "groups_done": 0, "tokens": 0, "busy_s": 0.0, "idle_s": 0.0, "weight_updates": 0,
-                         "resubmitted": 0, "drain_s": 0.0}
+                         "resubmitted": 0, "drain_s": 0.0, "reward_errors": 0, "reward_timeouts": 0, "bad_prompts": 0,
+                         "prompts_drawn": 0}  # prompts_drawn: the data cursor a checkpoint records
         self.pending_puts: list = []
         self.next_group = 0
         self.max_prompt = cfg.model.max_model_len - r.max_new_tokens
@@ -96,17 +120,21 @@ class RolloutWorker:
     def update_weights(self, version: int, handles: list | None = None) -> dict:
         """Blocks until the loop has received and loaded `version` (between two engine steps; with drain, once nothing runs)."""
         update = _Update(version, handles)
-        if self.thread is None or not self.thread.is_alive():
+        thread = self.thread
+        if thread is None or not thread.is_alive():
             self._apply(update)
         else:
             self.updates.put(update)
-            update.done.wait()
+            while not update.done.wait(0.1):
+                if not thread.is_alive():  # the loop ended (an error) before taking it: load here, as for a loop already ended
+                    self._apply_queued()
         if "error" in update.result:
             raise RuntimeError(update.result["error"])
         return update.result
 
     def stats(self) -> dict:
-        return {**self.counters, "version": self.version, "inflight_groups": len(self.inflight), "worker_id": self.id, "error": self.error}
+        return {**self.counters, "version": self.version, "inflight_groups": len(self.inflight), "worker_id": self.id,
+                "reward_threads_stuck": self.reward.stuck, "error": self.error}
 
     def stop(self) -> dict:
         """Stop the loop; in-flight samples are recorded as aborted. Returns counters."""
@@ -124,9 +152,14 @@ class RolloutWorker:
     def evaluate(self, prompts: list[Prompt]) -> float:
         """Greedy accuracy on `prompts` (only while the loop is stopped)."""
         assert self.thread is None, "evaluate needs the loop stopped"
-        ids = [self._encode(p.text) for p in prompts]
+        ids = []
+        for p in prompts:
+            try:
+                ids.append(self._encode(p.text))
+            except BadPrompt as exc:  # a bad eval prompt is an error, not a drop
+                raise ValueError(f"eval prompt {p.prompt_id!r}: {exc}") from exc
         outs = self.engine.greedy(ids, self.cfg.rollout.max_new_tokens)
-        rewards = [self.reward_fn(p, self._decode(o)) for p, o in zip(prompts, outs)]
+        rewards = [self.reward(p, self._decode(o)) for p, o in zip(prompts, outs)]
         return sum(rewards) / len(rewards)
 
     def sequence_logprobs(self, token_ids: list[int], temperature: float = 1.0) -> list[float]:
@@ -142,9 +175,14 @@ class RolloutWorker:
             self.error = f"rollout worker {self.id} loop failed: {exc!r}"
             raise
 
+    def _fail(self, message: str) -> None:
+        """Report an error (stats()["error"], which stops the run) and end the loop after the current step."""
+        if self.error is None:
+            self.error = f"rollout worker {self.id}: {message}"
+
     def _run_loop(self) -> None:
         next_admit = 0.0
-        while not self.stop_flag.is_set():
+        while not self.stop_flag.is_set() and self.error is None:
             while not self.updates.empty():
                 self._apply(self.updates.get())
             room = self.cfg.rollout.max_inflight_groups - len(self.inflight)
@@ -164,6 +202,14 @@ class RolloutWorker:
         finished = self.engine.step()
         self.counters["busy_s"] += time.monotonic() - t0
         self._collect(finished)
+
+    def _apply_queued(self) -> None:
+        while True:
+            try:
+                update = self.updates.get_nowait()
+            except queue.Empty:
+                return
+            self._apply(update)
 
     def _apply(self, update: _Update) -> None:
         try:
@@ -207,10 +253,18 @@ class RolloutWorker:
         self.counters["resubmitted"] += len(sample_ids)
 
     def _start_groups(self, n: int) -> None:
+        """Start `n` admitted groups; a bad prompt's group is recorded as dropped_error instead (it still fills its admission)."""
         for _ in range(n):
             prompt = next(self.prompts)
-            group = _Group(f"{self.run_id}-w{self.id}-g{self.next_group}", prompt, self._encode(prompt.text), time.time())
+            self.counters["prompts_drawn"] += 1
+            group = _Group(f"{self.run_id}-w{self.id}-g{self.next_group}", prompt, [], time.time())
             self.next_group += 1
+            try:
+                group.prompt_ids = self._encode(prompt.text)
+            except BadPrompt as exc:
+                self.counters["bad_prompts"] += 1
+                self._put(self._bad_prompt_records(group, str(exc)))
+                continue
             self.inflight[group.group_id] = group
             self.counters["groups_started"] += 1
             for i in range(self.cfg.rollout.group_size):
@@ -230,24 +284,56 @@ class RolloutWorker:
             if len(group.done) == self.cfg.rollout.group_size:
                 del self.inflight[group_id]
                 self.counters["groups_done"] += 1
-                self.pending_puts.append(self.buffer.put.remote(self._score(group)))
+                self._put(self._score(group))
+
+    def _put(self, records: list[dict]) -> None:
+        """Hand a group to the buffer; past 64 unacknowledged puts, wait for them."""
+        self.pending_puts.append(self.buffer.put.remote(records))
         if len(self.pending_puts) > 64:
             ray.get(self.pending_puts)
             self.pending_puts = []
 
     def _score(self, group: _Group) -> list[dict]:
-        records = []
+        records, failed = [], []
         for sample_id, (out, version_end, t_gen) in sorted(group.done.items()):
             record = self._record(group, sample_id, out.token_ids, out.logprobs, version_end, t_gen, out.finish_reason)
+            reason = None
             try:
-                record["reward"] = float(self.reward_fn(group.prompt, record["response_text"]))
+                record["reward"] = self.reward(group.prompt, record["response_text"])
+            except RewardThreadsStuck as exc:  # no reward can run any more: this worker is done
+                reason = str(exc)
+                self._fail(f"reward {self.cfg.task.reward!r}: {exc}")
+            except RewardTimeout as exc:
+                reason = str(exc)
+                self.counters["reward_timeouts"] += 1
             except Exception as exc:  # a user reward failing must not kill the worker
-                record.update(status=Status.DROPPED_ERROR.value, status_reason=f"reward raised {exc!r}")
+                reason = f"reward raised {exc!r}"
+                self.counters["reward_errors"] += 1
+            if reason is not None:
+                failed.append(reason)
+                record.update(status=Status.DROPPED_ERROR.value, status_reason=reason)
             record["t_scored"] = time.time()
             records.append(record)
-        if any(r["status"] for r in records):  # GRPO needs whole groups: one failure drops the group
+        if failed:  # GRPO needs whole groups: one failure drops the group
             for r in records:
                 r.update(status=Status.DROPPED_ERROR.value, status_reason=r["status_reason"] or "a sample of its group failed")
+        self._count_reward_failures(len(failed) == len(records), failed[-1] if failed else "")
+        return records
+
+    def _count_reward_failures(self, all_failed: bool, reason: str) -> None:
+        """Stop the run once `task.max_consecutive_reward_failures` groups in a row had every sample fail scoring."""
+        self.reward_failures = self.reward_failures + 1 if all_failed else 0
+        if self.reward_failures >= self.max_reward_failures:
+            self._fail(f"reward {self.cfg.task.reward!r} failed for the last {self.reward_failures} groups: {reason}")
+
+    def _bad_prompt_records(self, group: _Group, reason: str) -> list[dict]:
+        """A group that never generates: every sample dropped_error with `reason`."""
+        records = []
+        for i in range(self.cfg.rollout.group_size):
+            group.starts[f"{group.group_id}-{i}"] = self.version
+            record = self._record(group, f"{group.group_id}-{i}", [], [], self.version, None, None)
+            record.update(status=Status.DROPPED_ERROR.value, status_reason=reason, t_scored=time.time())
+            records.append(record)
         return records
 
     def _record(self, group: _Group, sample_id: str, ids: list[int], lps: list[float], version_end, t_gen, reason) -> dict:
@@ -276,17 +362,28 @@ class RolloutWorker:
                     yield f"{group.group_id}-{i}"
 
     def _encode(self, text: str) -> list[int]:
+        """The prompt's token ids; BadPrompt when it is empty or leaves no room for `rollout.max_new_tokens`."""
+        if not text.strip():
+            raise BadPrompt("empty prompt")
         tok = self.engine.tokenizer
         if self.cfg.task.chat:
             ids = list(tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True))
         else:
             ids = tok(text).input_ids
-        if not ids or len(ids) > self.max_prompt:
-            raise ValueError(f"prompt {text!r} encodes to {len(ids)} tokens; allowed 1..{self.max_prompt}")
+        if not ids:
+            raise BadPrompt("prompt encodes to 0 tokens")
+        if len(ids) > self.max_prompt:
+            raise BadPrompt(
+                f"prompt encodes to {len(ids)} tokens; the limit is {self.max_prompt} (model.max_model_len - rollout.max_new_tokens)"
+            )
         return ids
 
     def _decode(self, ids: list[int]) -> str:
         return self.engine.tokenizer.decode(ids, skip_special_tokens=True)
+
+
+class BadPrompt(ValueError):
+    """A prompt the engine cannot take; the message says why."""
 
 
 def _group_id(sample_id: str) -> str:

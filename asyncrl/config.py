@@ -59,6 +59,10 @@ class TaskConfig:
     """task.name=jsonl: prompt text made from a record's keys, e.g. "Q: {question}\nA:" (empty: the prompt_key value)."""
     chat: bool = False
     """Wrap each prompt in the tokenizer's chat template as one user turn (instruct models)."""
+    reward_timeout_s: float = 30.0
+    """Longest one reward call may take; past it the sample (and so its group) is dropped_error. Python cannot kill the call: it keeps one of the worker's 4 reward threads until it returns, and with all 4 held the worker reports an error."""
+    max_consecutive_reward_failures: int = 20
+    """Stop the run when every sample of this many groups in a row failed scoring (the reward raised or timed out)."""
 
 
 @dataclass
@@ -207,6 +211,10 @@ class RunConfig:
     """Seed for data order, sampling and the learner."""
     ray_address: str = ""
     """Ray cluster to join; empty uses RAY_ADDRESS or starts a local cluster."""
+    checkpoint_every: int = 10
+    """Write a checkpoint (RUN_DIR/checkpoints/) every this many learner steps, and at the end (0: never)."""
+    keep_checkpoints: int = 2
+    """Checkpoints kept; older ones are deleted after a newer one is complete."""
     eval: bool = True
     """Greedy held-out accuracy before and after training."""
 
@@ -311,6 +319,8 @@ def validate(cfg: Config) -> Config:
     )
     _check(1 <= cfg.task.digits <= 6, "task.digits", "must be in 1..6")
     _check(cfg.task.name != "jsonl" or bool(cfg.task.path), "task.path", "must name a JSONL file when task.name=jsonl")
+    _check(cfg.task.reward_timeout_s > 0, "task.reward_timeout_s", "must be > 0")
+    _check(cfg.task.max_consecutive_reward_failures >= 1, "task.max_consecutive_reward_failures", "must be >= 1")
     _check(cfg.model.path != "tiny" or cfg.task.name == "addition", "model.path", "tiny is built for task.name=addition only; give a model directory")
     _check(r.num_workers >= 1, "rollout.num_workers", "must be >= 1")
     _check(r.group_size >= 2, "rollout.group_size", "must be >= 2 (group-relative advantages need a group)")
@@ -370,6 +380,8 @@ def validate(cfg: Config) -> Config:
         _check(not {"CPU", "GPU", "memory"} & set(res), key, "use num_cpus / num_gpus for CPU and GPU")
     _check(cfg.logging.wandb_mode in ("auto", "online", "offline"), "logging.wandb_mode", "must be auto, online or offline")
     _check(cfg.run.steps >= 1, "run.steps", "must be >= 1")
+    _check(cfg.run.checkpoint_every >= 0, "run.checkpoint_every", "must be >= 0 (0: never)")
+    _check(cfg.run.keep_checkpoints >= 1, "run.keep_checkpoints", "must be >= 1")
     _check(bool(cfg.run.output_dir), "run.output_dir", "must not be empty")
     return cfg
 

@@ -25,6 +25,7 @@ from actors.learner import Learner
 from actors.rollout import RolloutWorker
 from algorithms import get_algorithm
 from asyncrl.analysis import bottleneck
+from asyncrl.checkpoint import latest_checkpoint, read_state, truncate_metrics, write_checkpoint
 from asyncrl.config import Config
 from asyncrl.metrics import MetricsSink
 from asyncrl.models.tiny import resolve_model_path
@@ -65,8 +66,11 @@ def in_pool(pg: PlacementGroup, index: int) -> PlacementGroupSchedulingStrategy:
 
 
 class Controller:
-    def __init__(self, cfg: Config, run_dir: Path, model_path: str) -> None:
+    def __init__(self, cfg: Config, run_dir: Path, model_path: str, resume: Path | None = None) -> None:
+        """Build every part; with `resume` (a checkpoint directory) continue that run's state."""
         self.cfg, self.run_dir, self.model_path = cfg, run_dir, model_path
+        state = read_state(resume) if resume is not None else {}
+        self.cursors = {int(k): v for k, v in state.get("worker_cursors", {}).items()}  # prompts drawn before this process
         self.run_id = f"{run_dir.name}-{uuid.uuid4().hex[:6]}"
         here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
         self.buffer = ray.remote(ReplayBuffer).options(num_cpus=0, scheduling_strategy=here).remote(cfg, str(run_dir / "trajectories"))
@@ -82,7 +86,8 @@ class Controller:
         self.learner = self.learners[0]  # rank 0 publishes weights and saves
         worker_opts = {"num_cpus": r.num_cpus, "num_gpus": r.num_gpus, "resources": r.resources, "max_concurrency": 4}
         self.workers = [
-            ray.remote(RolloutWorker).options(**worker_opts, scheduling_strategy=in_pool(self.pools[1], i)).remote(i, cfg, model_path, self.buffer, self.run_id)
+            ray.remote(RolloutWorker).options(**worker_opts, scheduling_strategy=in_pool(self.pools[1], i))
+            .remote(i, cfg, model_path, self.buffer, self.run_id, self.cursors.get(i, 0))
             for i in range(r.num_workers)
         ]
         self.version = 0
@@ -95,7 +100,33 @@ class Controller:
             "rollout_nodes": ray.get([w.node_id.remote() for w in self.workers]),
         }
         self._init_learner_group()
+        self.start_step = 0
+        if resume is not None:
+            self._restore(resume, state)
         self._init_weight_sync()
+        if resume is not None:  # the engines start from the initial model: give them the checkpoint's policy
+            self.sync_weights()
+
+    def _restore(self, checkpoint: Path, state: dict) -> None:
+        ray.get([a.load_checkpoint.remote(str(checkpoint)) for a in self.learners])
+        self.start_step, self.version = state["next_step"], state["version"]
+        self.trained_total, self.learner_compute_total = state["trained_total"], state["learner_compute_total"]
+        consumed_groups = self.trained_total // self.cfg.rollout.group_size
+        ray.get(self.buffer.restore.remote(self.version, consumed_groups, state["buffer_counts"]))
+
+    def checkpoint(self, next_step: int) -> Path:
+        """Everything needed to continue at `next_step`; the trajectory record is flushed first."""
+        stats = ray.get([w.stats.remote() for w in self.workers])
+        ray.get(self.buffer.flush.remote())
+        counts = ray.get(self.buffer.stats.remote())
+        state = {
+            "next_step": next_step, "version": self.version, "run_id": self.run_id,
+            "trained_total": self.trained_total, "learner_compute_total": self.learner_compute_total,
+            "worker_cursors": {str(st["worker_id"]): self.cursors.get(st["worker_id"], 0) + st["prompts_drawn"] for st in stats},
+            "buffer_counts": {k: counts[k] for k in ("admitted_groups", "refused_admissions", "consumed", "dropped_stale", "dropped_error", "aborted")},
+        }
+        save = lambda d: ray.get(self.learner.save_checkpoint.remote(str(d)))  # noqa: E731  (the learner writes learner.pt)
+        return write_checkpoint(self.run_dir, next_step, state, save, self.cfg.run.keep_checkpoints)
 
     def _rendezvous(self) -> str:
         """Loopback when everything runs on one node, else the learner rank 0's node address."""
@@ -127,29 +158,43 @@ class Controller:
         cfg, t_start = self.cfg, time.time()
         before = self.evaluate() if cfg.run.eval else float("nan")
         ray.get([w.start.remote() for w in self.workers])
-        history = []
-        for step in range(cfg.run.steps):
+        history, every = [], cfg.run.checkpoint_every
+        for step in range(self.start_step, cfg.run.steps):
             history.append(self.step(step))
             sink.log(history[-1], histograms=self.last_histograms)
+            if every and ((step + 1) % every == 0 or step + 1 == cfg.run.steps):
+                self.checkpoint(step + 1)
         ends = ray.get([w.stop.remote() for w in self.workers])
         buffer_counts = ray.get(self.buffer.close.remote())
         after = self.evaluate() if cfg.run.eval else float("nan")
         ray.get(self.learner.save.remote(str(self.run_dir / "final_model"), self.model_path))
         return {
-            "steps": cfg.run.steps, "wall_s": time.time() - t_start, "policy_version": self.version,
+            "steps": cfg.run.steps, "resumed_at_step": self.start_step or None, "wall_s": time.time() - t_start, "policy_version": self.version,
             "eval/accuracy_before": before, "eval/accuracy_after": after,
             "samples": buffer_counts, "rollout": ends, "placement": self.placement,
             "bottleneck": dataclasses.asdict(bottleneck(history)),
         }
 
+    def next_batch(self, step: int, poll_s: float = 5.0) -> list[dict]:
+        """Wait for a batch, checking the rollout workers every `poll_s`: a failed worker stops the run with its own error."""
+        timeout = self.cfg.buffer.sample_timeout_s
+        deadline = time.monotonic() + timeout
+        while True:
+            wait = max(0.0, min(poll_s, deadline - time.monotonic()))
+            batch = ray.get(self.buffer.get_batch.remote(self.cfg.groups_per_step, self.version, step, wait))
+            if batch is not None:
+                return batch
+            stats = ray.get([w.stats.remote() for w in self.workers])
+            errors = [s["error"] for s in stats if s["error"]]
+            if errors:
+                raise RuntimeError("; ".join(errors))
+            if time.monotonic() >= deadline:
+                raise RuntimeError(f"no batch within buffer.sample_timeout_s={timeout}s at step {step}; rollout workers: {stats}")
+
     def step(self, step: int) -> dict:
         t0 = time.perf_counter()
-        timeout = self.cfg.buffer.sample_timeout_s
-        batch = ray.get(self.buffer.get_batch.remote(self.cfg.groups_per_step, self.version, step, timeout))
+        batch = self.next_batch(step)
         waited = time.perf_counter() - t0
-        if batch is None:
-            stats = ray.get([w.stats.remote() for w in self.workers])
-            raise RuntimeError(f"no batch within buffer.sample_timeout_s={timeout}s at step {step}; rollout workers: {stats}")
         batch_ref = ray.put(batch)  # one copy in the object store, whatever the number of learner workers
         metrics = ray.get([a.train_step.remote(batch_ref, self.version) for a in self.learners])[0]
         sync = {"seconds": 0.0, "bytes": 0}
@@ -246,16 +291,28 @@ def prepare_run_dir(cfg: Config) -> Path:
     return run_dir
 
 
-def run(cfg: Config) -> dict:
-    """Train according to `cfg`; writes the run directory and returns the summary."""
+def run(cfg: Config, resume: bool = False) -> dict:
+    """Train according to `cfg`; writes the run directory and returns the summary.
+
+    With `resume`, continue the run in `run.output_dir` from its latest checkpoint:
+    metrics after that checkpoint's step are dropped (those steps are redone),
+    trajectories and wandb append (a new run_id marks the records of this attempt).
+    """
     check_plugins(cfg)
     model_path = str(resolve_model_path(cfg.model.path, cfg.task.digits, cfg.run.seed, cfg.model.cache_dir))
+    checkpoint = None
+    if resume:
+        checkpoint = latest_checkpoint(Path(cfg.run.output_dir))
+        if checkpoint is None:
+            raise ValueError(f"--resume: no checkpoint in {Path(cfg.run.output_dir) / 'checkpoints'} (run.checkpoint_every was 0, or the run stopped before its first)")
+        truncate_metrics(Path(cfg.run.output_dir) / "metrics.jsonl", read_state(checkpoint)["next_step"])
     run_dir = prepare_run_dir(cfg)
     started = connect_ray(cfg)
-    sink = MetricsSink(run_dir, cfg.to_dict(), cfg.logging.wandb, cfg.logging.wandb_project, cfg.logging.wandb_mode, cfg.logging.console)
+    wandb_id = (run_dir / "wandb_run_id").read_text().strip() if resume and (run_dir / "wandb_run_id").is_file() else None
+    sink = MetricsSink(run_dir, cfg.to_dict(), cfg.logging.wandb, cfg.logging.wandb_project, cfg.logging.wandb_mode, cfg.logging.console, wandb_id)
     controller = None
     try:
-        controller = Controller(cfg, run_dir, model_path)
+        controller = Controller(cfg, run_dir, model_path, checkpoint)
         summary = controller.train(sink)
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         sink.summary({k: v for k, v in summary.items() if isinstance(v, (int, float))})

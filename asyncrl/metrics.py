@@ -32,7 +32,7 @@ def console_line(metrics: dict[str, Any]) -> str:
 
 
 class MetricsSink:
-    def __init__(self, run_dir: Path, config: dict, use_wandb: bool, project: str, mode: str, console: bool) -> None:
+    def __init__(self, run_dir: Path, config: dict, use_wandb: bool, project: str, mode: str, console: bool, resume_id: str | None = None) -> None:
         self.path = run_dir / "metrics.jsonl"
         self.file = self.path.open("a")
         self.console = console
@@ -41,7 +41,8 @@ class MetricsSink:
             import wandb
 
             self.wandb = wandb.init(
-                project=project, dir=str(run_dir), config=config, mode=wandb_mode(mode), name=run_dir.name
+                project=project, dir=str(run_dir), config=config, mode=wandb_mode(mode), name=run_dir.name,
+                id=resume_id, resume="allow" if resume_id else None,
             )
             (run_dir / "wandb_run_id").write_text(self.wandb.id)
 

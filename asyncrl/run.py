@@ -1,5 +1,9 @@
 """Entry point: ``python -m asyncrl.run --config configs/default.yaml key=value ...``.
 
+``python -m asyncrl.run --resume RUN_DIR [key=value ...]`` continues that run
+from its latest checkpoint, with the config it was started with (overrides
+apply on top, e.g. ``run.steps=200`` to train longer).
+
 Exit status 2, with one line naming the key, for any config problem, before
 Ray or an engine starts.
 """
@@ -8,6 +12,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+from pathlib import Path
 
 from asyncrl.config import ConfigError, load_config
 
@@ -15,6 +20,7 @@ from asyncrl.config import ConfigError, load_config
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m asyncrl.run", description=__doc__.splitlines()[0])
     parser.add_argument("--config", help="YAML config (defaults apply to keys it omits)")
+    parser.add_argument("--resume", metavar="RUN_DIR", help="continue this run directory from its latest checkpoint")
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. learner.lr=1e-5 run.steps=20")
     return parser.parse_args(argv)
 
@@ -39,17 +45,28 @@ def summary_table(summary: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        cfg = load_config(args.config, args.overrides)
+        if args.resume:
+            if args.config:
+                raise ConfigError("--resume", "takes the run's own config.yaml; give changes as overrides, not --config")
+            config_path = Path(args.resume) / "config.yaml"
+            if not config_path.is_file():
+                raise ConfigError("--resume", f"{args.resume} is not a run directory (no config.yaml)")
+            cfg = load_config(config_path, [*args.overrides, f"run.output_dir={args.resume}"])
+        else:
+            cfg = load_config(args.config, args.overrides)
     except ConfigError as exc:
         print(f"asyncrl: config error: {exc}", file=sys.stderr)
         return 2
     from asyncrl.controller import run  # heavy imports only after the config is valid
 
     try:
-        summary = run(cfg)
+        summary = run(cfg, resume=bool(args.resume))
     except ValueError as exc:  # bad model path, task, reward or algorithm: named, no traceback
         print(f"asyncrl: error: {exc}", file=sys.stderr)
         return 2
+    except RuntimeError as exc:  # the run stopped on a named failure (a worker's error, no data, a pool not placeable)
+        print(f"asyncrl: run failed: {exc}", file=sys.stderr)
+        return 1
     print("\nasyncrl run summary\n" + summary_table(summary))
     gain = summary["eval/accuracy_after"] - summary["eval/accuracy_before"]
     if not math.isnan(gain):

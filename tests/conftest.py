@@ -40,3 +40,14 @@ def ray_local():
     ray.init(num_cpus=2, runtime_env={"env_vars": ACTOR_ENV}, include_dashboard=False, logging_level="WARNING")
     yield ray
     ray.shutdown()
+
+
+@pytest.fixture(autouse=True)
+def restore_torch_threads():
+    """In-process learners set torch's thread count; an in-process vLLM engine built later in the same
+    pytest process must see the count it started with (its CPU attention checks it)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)

@@ -1,0 +1,101 @@
+"""Checkpoints: atomic and pruned; the learner continues exactly; a run killed with SIGKILL resumes."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from asyncrl.checkpoint import latest_checkpoint, read_state, truncate_metrics, write_checkpoint
+from asyncrl.store import read_trajectories
+from tests.test_learner import fake_samples, learner
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_checkpoints_are_atomic_pruned_and_latest_is_whole(tmp_path):
+    for step in (2, 4, 6):
+        write_checkpoint(tmp_path, step, {"next_step": step}, lambda d: (d / "learner.pt").write_text("w"), keep=2)
+    root = tmp_path / "checkpoints"
+    assert sorted(p.name for p in root.glob("step-*")) == ["step-000004", "step-000006"]
+    assert latest_checkpoint(tmp_path).name == "step-000006" and read_state(latest_checkpoint(tmp_path)) == {"next_step": 6}
+
+    def crash(directory):  # a crash while writing step 8: the half-written directory is not a checkpoint
+        (directory / "learner.pt").write_text("half")
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        write_checkpoint(tmp_path, 8, {"next_step": 8}, crash, keep=2)
+    assert latest_checkpoint(tmp_path).name == "step-000006"
+    (root / "latest").unlink()  # without the pointer, the newest complete one
+    assert latest_checkpoint(tmp_path).name == "step-000006"
+    assert latest_checkpoint(tmp_path / "nothing") is None
+
+
+def test_truncate_metrics_keeps_steps_before_the_checkpoint(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps({"step": i}) + "\n" for i in range(6)) + '{"step": 6, "tor')
+    assert truncate_metrics(path, 4) == 4
+    assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("algorithm", ["grpo", "ppo"])
+def test_learner_continues_exactly_from_its_checkpoint(random_model_dir, tmp_path, algorithm):
+    original = learner(random_model_dir, f"algorithm.name={algorithm}")
+    for _ in range(2):
+        original.train_step(fake_samples(), version=0)
+    original.save_checkpoint(str(tmp_path))
+    resumed = learner(random_model_dir, f"algorithm.name={algorithm}")
+    assert resumed.load_checkpoint(str(tmp_path)) == 2
+    a = original.train_step(fake_samples(), version=1)
+    b = resumed.train_step(fake_samples(), version=1)
+    for p, q in zip(original.model.parameters(), resumed.model.parameters()):
+        assert torch.equal(p, q)  # same weights, same Adam moments, same step count
+    assert a["loss/policy"] == b["loss/policy"] and a["kl/ref"] == b["kl/ref"]  # the reference stayed the initial model
+    if algorithm == "ppo":
+        assert all(torch.equal(p, q) for p, q in zip(original.critic.parameters(), resumed.critic.parameters()))
+
+
+def metric_steps(run_dir: Path) -> list[int]:
+    return [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.endswith("}")]
+
+
+@pytest.mark.slow
+def test_sigkill_mid_run_then_resume(tiny_model_dir, tmp_path):
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "asyncrl.run", "--config", "configs/smoke.yaml", f"run.output_dir={out}", f"model.path={tiny_model_dir}",
+           "run.steps=16", "run.checkpoint_every=3", "run.eval=false", "learner.delay_s=0.5", "buffer.store_flush_s=0.2"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and not (out / "checkpoints" / "step-000006").is_dir():
+        time.sleep(0.2)
+    time.sleep(0.7)  # one more step lands after the checkpoint, then the driver dies mid-run
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not (out / "summary.json").exists()
+    before_kill = metric_steps(out)
+    state = read_state(latest_checkpoint(out))  # read now: the resumed run prunes old checkpoints
+    resumed_at = state["next_step"]
+    assert resumed_at >= 6 and max(before_kill) >= resumed_at - 1
+
+    res = subprocess.run([sys.executable, "-m", "asyncrl.run", "--resume", str(out), "learner.delay_s=0"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["resumed_at_step"] == resumed_at and summary["steps"] == 16
+    assert metric_steps(out) == list(range(16))  # steps after the checkpoint were redone once, not logged twice
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    versions = [r["policy_version"] for r in rows]
+    assert versions == sorted(versions) and versions[-1] > state["version"]  # versions keep increasing
+    records = read_trajectories(out / "trajectories").to_pylist()
+    ids = [r["sample_id"] for r in records]
+    assert len(ids) == len(set(ids)), "a sample recorded twice"
+    attempts = {r["run_id"] for r in records}
+    assert len(attempts) == 2  # the resumed attempt's records carry a new run_id
+    resumed_prompts = {r["prompt_id"] for r in records if r["run_id"] != records[0]["run_id"]}
+    first_prompts = {r["prompt_id"] for r in records if r["run_id"] == records[0]["run_id"]}
+    assert len(resumed_prompts - first_prompts) > 0.8 * len(resumed_prompts)  # the data stream went on, not from the start

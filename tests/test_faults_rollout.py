@@ -1,0 +1,237 @@
+"""Faults in a rollout worker are counted drops, not crashes, and nothing goes unrecorded.
+
+Fast: the reward runner's timeout and its bound on stuck threads, and the
+count of groups in a row whose reward failed (a worker with a stub engine).
+Slow (a real engine on the random tiny model and a real ReplayBuffer actor, no
+learner): a reward that hangs past `task.reward_timeout_s`, a reward that
+always raises, and empty or over-long prompts in the prompt stream. Each slow
+test reads the trajectory store at the end: every sample recorded exactly once.
+"""
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import ray
+
+from actors.buffer import ReplayBuffer
+from actors.engine import Finished
+from actors.rollout import RolloutWorker, _Group
+from asyncrl.config import load_config
+from asyncrl.store import read_trajectories
+from asyncrl.tasks import Prompt, RewardRunner, RewardThreadsStuck, RewardTimeout
+
+slow = pytest.mark.slow
+GROUP = 4
+PROMPT = Prompt("1+2", "1+2=", "3")
+
+
+# ---- rewards the workers load by dotted path (tests.test_faults_rollout.<name>) -------------
+
+SLEEPS = {"left": 0}  # how many more calls of hanging_reward sleep past the timeout
+
+
+def hanging_reward(prompt: Prompt, response: str) -> float:
+    """Sleeps 1 s on its first SLEEPS["left"] calls (past a 0.2 s timeout), then scores 0.0 at once."""
+    if SLEEPS["left"] > 0:
+        SLEEPS["left"] -= 1
+        time.sleep(1.0)
+    return 0.0
+
+
+def failing_reward(prompt: Prompt, response: str) -> float:
+    raise ValueError("boom")
+
+
+# ---- fast: the reward runner -----------------------------------------------------------------
+
+
+def test_reward_runner_times_out_and_bounds_stuck_threads():
+    release = threading.Event()
+
+    def reward(prompt: Prompt, response: str) -> float:
+        if response == "hang":
+            release.wait(10)
+        if response == "own timeout":
+            raise TimeoutError("the reward's own")
+        return 1
+
+    runner = RewardRunner(reward, timeout_s=0.1, threads=2)
+    assert runner(PROMPT, "ok") == 1.0
+    with pytest.raises(TimeoutError, match="the reward's own"):  # raised by the reward: not a timeout
+        runner(PROMPT, "own timeout")
+    with pytest.raises(RewardTimeout, match=r"reward timed out after 0\.1 s"):
+        runner(PROMPT, "hang")
+    assert runner.stuck == 1
+    assert runner(PROMPT, "ok") == 1.0  # the other thread still serves
+    with pytest.raises(RewardTimeout):
+        runner(PROMPT, "hang")
+    assert runner.stuck == 2
+    t0 = time.monotonic()
+    with pytest.raises(RewardThreadsStuck, match="all 2 reward threads are stuck"):
+        runner(PROMPT, "ok")
+    assert time.monotonic() - t0 < 0.05  # refused at once, no wait for a thread that will not come
+    release.set()
+    deadline = time.monotonic() + 5
+    while runner.stuck and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert runner.stuck == 0 and runner(PROMPT, "ok") == 1.0  # threads that returned serve again
+    assert runner._started == 2
+
+
+def stub_worker(reward, max_failures: int) -> RolloutWorker:
+    """A RolloutWorker without an engine, enough to score groups."""
+    worker = object.__new__(RolloutWorker)
+    worker.id, worker.run_id, worker.version, worker.error = 0, "t", 0, None
+    worker.cfg = load_config(None, [f"rollout.group_size={GROUP}", "task.reward=my.reward"])
+    worker.engine = SimpleNamespace(tokenizer=SimpleNamespace(decode=lambda ids, skip_special_tokens: "x" * len(ids)))
+    worker.reward = RewardRunner(reward, timeout_s=5.0)
+    worker.max_reward_failures, worker.reward_failures = max_failures, 0
+    worker.counters = {"reward_errors": 0, "reward_timeouts": 0}
+    return worker
+
+
+def finished_group(gid: str) -> _Group:
+    group = _Group(gid, PROMPT, [1, 2], time.time())
+    for i in range(GROUP):
+        group.starts[f"{gid}-{i}"] = 0
+        group.done[f"{gid}-{i}"] = (Finished(f"{gid}-{i}", [5] * (i + 1), [-1.0] * (i + 1), "stop"), 0, time.time())
+    return group
+
+
+def test_reward_failing_for_every_sample_of_n_groups_in_a_row_is_an_error():
+    fail = {"on": True}
+
+    def reward(prompt: Prompt, response: str) -> float:
+        if fail["on"] or len(response) == 1:  # with fail off, only each group's first sample fails
+            raise ValueError("boom")
+        return 1.0
+
+    worker = stub_worker(reward, max_failures=3)
+    for g in range(2):
+        rows = worker._score(finished_group(f"a{g}"))
+        assert {(r["status"], r["status_reason"]) for r in rows} == {("dropped_error", "reward raised ValueError('boom')")}
+    assert worker.reward_failures == 2 and worker.error is None
+
+    fail["on"] = False  # a group where some samples score: dropped as a whole, but the reward works
+    rows = worker._score(finished_group("b"))
+    assert [r["status_reason"] for r in rows] == ["reward raised ValueError('boom')"] + ["a sample of its group failed"] * 3
+    assert [r["reward"] for r in rows] == [None, 1.0, 1.0, 1.0]
+    assert worker.reward_failures == 0 and worker.error is None
+
+    fail["on"] = True
+    for g in range(3):
+        assert worker.error is None
+        worker._score(finished_group(f"c{g}"))
+    assert worker.error == ("rollout worker 0: reward 'my.reward' failed for the last 3 groups: reward raised ValueError('boom')")
+    assert worker.counters["reward_errors"] == 5 * GROUP + 1
+
+
+# ---- slow: a real engine and buffer -----------------------------------------------------------
+
+
+def make_worker(model_dir: str, store_dir: Path, reward: str, *overrides: str, **task_attrs) -> tuple[RolloutWorker, object]:
+    cfg = load_config(None, [f"rollout.group_size={GROUP}", "rollout.max_new_tokens=8", "rollout.max_inflight_groups=2",
+                             "learner.batch_size=8", "learner.micro_batch_size=8", "buffer.capacity_groups=4",
+                             f"task.reward={reward}", *overrides])
+    for key, value in task_attrs.items():  # task.reward_timeout_s etc., read with getattr until config declares them
+        setattr(cfg.task, key, value)
+    buffer = ray.remote(ReplayBuffer).remote(cfg, str(store_dir))
+    return RolloutWorker(0, cfg, model_dir, buffer, "t"), buffer
+
+
+def wait_for(condition, timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.05)
+
+
+def stop_and_read(worker: RolloutWorker, buffer, store_dir: Path) -> tuple[dict, dict, list[dict]]:
+    """Stop the worker and the buffer; the worker's stats, the buffer's counts before close, and every record."""
+    end = worker.stop()
+    counts = ray.get(buffer.stats.remote())
+    ray.get(buffer.close.remote())
+    rows = read_trajectories(store_dir).to_pylist()
+    assert len(rows) == len({r["sample_id"] for r in rows}) == worker.next_group * GROUP  # every sample of every group, once
+    assert all(r["status"] for r in rows)
+    return end, counts, rows
+
+
+@slow
+def test_a_reward_past_its_timeout_drops_its_group_and_the_loop_goes_on(random_model_dir, ray_local, tmp_path):
+    SLEEPS["left"] = 2
+    worker, buffer = make_worker(random_model_dir, tmp_path / "traj", "tests.test_faults_rollout.hanging_reward", reward_timeout_s=0.2)
+    assert worker.reward.timeout_s == 0.2
+    worker.start()
+    wait_for(lambda: worker.counters["groups_done"] >= 4)
+    assert worker.stats()["error"] is None and worker.thread.is_alive()
+    end, _, rows = stop_and_read(worker, buffer, tmp_path / "traj")
+
+    assert end["reward_timeouts"] == 2 and end["reward_errors"] == 0 and end["error"] is None
+    timed_out = [r for r in rows if r["status_reason"] == "reward timed out after 0.2 s"]
+    assert len(timed_out) == 2 and len({r["group_id"] for r in timed_out}) == 1
+    group = [r for r in rows if r["group_id"] == timed_out[0]["group_id"]]
+    assert {r["status"] for r in group} == {"dropped_error"} and all(r["reward"] is None for r in timed_out)
+    assert sorted(r["status_reason"] for r in group if r not in timed_out) == ["a sample of its group failed"] * 2
+    scored = [r for r in rows if r["status"] == "unconsumed_at_end"]
+    assert len(scored) >= 3 * GROUP and {r["reward"] for r in scored} == {0.0}  # groups after it were scored normally
+    assert {r["status"] for r in rows} <= {"dropped_error", "unconsumed_at_end", "aborted_at_end"}
+
+
+@slow
+def test_a_reward_that_always_fails_stops_the_worker_with_an_error(random_model_dir, ray_local, tmp_path):
+    worker, buffer = make_worker(random_model_dir, tmp_path / "traj", "tests.test_faults_rollout.failing_reward",
+                                 max_consecutive_reward_failures=3)
+    worker.start()
+    wait_for(lambda: worker.stats()["error"] is not None)
+    error = worker.stats()["error"]
+    assert error == ("rollout worker 0: reward 'tests.test_faults_rollout.failing_reward' failed for the last 3 groups: "
+                     "reward raised ValueError('boom')")
+    worker.thread.join(10)
+    assert not worker.thread.is_alive()  # the loop ended: no generating for nothing
+    end, counts, rows = stop_and_read(worker, buffer, tmp_path / "traj")
+    assert end["groups_done"] >= 3 and end["reward_errors"] == end["groups_done"] * GROUP
+    dropped = [r for r in rows if r["status"] == "dropped_error"]
+    assert len(dropped) == counts["dropped_error"] == end["reward_errors"]
+    assert {r["status_reason"] for r in dropped} == {"reward raised ValueError('boom')"}
+    assert counts["outstanding_groups"] == counts["buffered_groups"] == 0
+
+
+@slow
+def test_empty_and_overlong_prompts_are_counted_drops(random_model_dir, ray_local, tmp_path):
+    worker, buffer = make_worker(random_model_dir, tmp_path / "traj", "exact_match")
+    long_text = "12345+" * 20 + "1="
+    n_long = len(worker.engine.tokenizer(long_text).input_ids)
+    assert n_long > worker.max_prompt == 56
+    good = (Prompt(f"{i}+1", f"{i}+1=", str(i + 1)) for i in itertools.count())
+    worker.prompts = itertools.chain(
+        [next(good), Prompt("empty", "", "0"), next(good), Prompt("long", long_text, "0"), next(good)], good
+    )
+    worker.start()
+    # capacity_groups=4: the loop fills the buffer with 4 good groups, the bad ones freeing their admission
+    wait_for(lambda: ray.get(buffer.stats.remote())["buffered_groups"] == 4)
+    assert worker.stats()["bad_prompts"] == 2 and worker.stats()["error"] is None
+    batch = ray.get(buffer.get_batch.remote(2, 0, 0, 10.0))  # the good groups are trained on as usual
+    assert len(batch) == 2 * GROUP
+    end, counts, rows = stop_and_read(worker, buffer, tmp_path / "traj")
+
+    assert end["bad_prompts"] == 2 and end["groups_started"] == worker.next_group - 2
+    by_prompt = {}
+    for r in rows:
+        by_prompt.setdefault(r["prompt_id"], []).append(r)
+    limit = "the limit is 56 (model.max_model_len - rollout.max_new_tokens)"
+    for pid, reason in [("empty", "empty prompt"), ("long", f"prompt encodes to {n_long} tokens; {limit}")]:
+        group = by_prompt[pid]
+        assert len(group) == GROUP and len({r["group_id"] for r in group}) == 1
+        assert {(r["status"], r["status_reason"]) for r in group} == {("dropped_error", reason)}
+        assert all(r["response_ids"] == [] and r["t_generated"] is None for r in group)
+    assert counts["dropped_error"] == 2 * GROUP
+    assert counts["outstanding_groups"] == counts["buffered_groups"]  # admission accounting: the bad groups were returned
+    consumed = [r for r in rows if r["status"] == "consumed"]
+    assert len(consumed) == 2 * GROUP and all(r["prompt_id"] not in ("empty", "long") and r["response_ids"] for r in consumed)
+    assert {r["status"] for r in rows} <= {"dropped_error", "consumed", "unconsumed_at_end", "aborted_at_end"}
