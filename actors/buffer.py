@@ -15,7 +15,7 @@ import time
 from collections import deque
 
 from asyncrl.config import Config
-from asyncrl.schema import Status
+from asyncrl.schema import Status, new_sample
 from asyncrl.staleness import admissible, is_stale
 from asyncrl.store import TrajectoryStore
 
@@ -30,11 +30,17 @@ class ReplayBuffer:
         self.version = 0
         self.live = 0  # admitted and not dropped
         self.outstanding = 0  # admitted, not yet consumed or dropped
-        self.counts = {"admitted_groups": 0, "refused_admissions": 0, "consumed": 0, "dropped_stale": 0, "dropped_error": 0, "aborted": 0}
+        self.counts = {"admitted_groups": 0, "refused_admissions": 0, "consumed": 0, "dropped_stale": 0, "dropped_error": 0, "aborted": 0,
+                       "lost": 0}
+        # per worker: groups admitted (= its next group number) and the group numbers it delivered, so the
+        # groups a dead worker took with it can be named and recorded (forfeit)
+        self.admitted_by: dict[int, int] = {}
+        self.delivered_by: dict[int, set[int]] = {}
         self.changed = asyncio.Condition()
 
-    async def admit(self, requested: int) -> int:
+    async def admit(self, requested: int, worker_id: int = 0) -> int:
         n = admissible(requested, self.live, self.outstanding, self.version, self.max_staleness, self.groups_per_version, self.capacity)
+        self.admitted_by[worker_id] = self.admitted_by.get(worker_id, 0) + n
         self.live += n
         self.outstanding += n
         self.counts["admitted_groups"] += n
@@ -45,6 +51,8 @@ class ReplayBuffer:
         self.version = version
 
     async def put(self, group: list[dict]) -> None:
+        if not self._delivered(group):
+            return  # delivered twice (e.g. late from a worker already declared dead): ids make delivery idempotent
         if group[0]["status"] == Status.DROPPED_ERROR.value:
             self._drop(group, "dropped_error")
             self.store.append(group)
@@ -71,6 +79,9 @@ class ReplayBuffer:
 
     async def record_final(self, records: list[dict]) -> None:
         """Samples that end outside the buffer (aborted at shutdown), already carrying a status."""
+        groups = {r["group_id"] for r in records}
+        fresh = {g for g in groups if self._delivered([r for r in records if r["group_id"] == g])}
+        records = [r for r in records if r["group_id"] in fresh]
         self.outstanding -= len({r["group_id"] for r in records})
         self.live -= len({r["group_id"] for r in records})
         self.counts["aborted"] += len(records)
@@ -100,6 +111,34 @@ class ReplayBuffer:
         self.store.flush()
         return {**self.counts, "unconsumed": len(leftover), "rows_written": self.store.rows_written}
 
+    def _delivered(self, group: list[dict]) -> bool:
+        """Note the group as delivered; False if it already was."""
+        worker, number = group[0]["worker_id"], _group_number(group[0]["group_id"])
+        if number is None:
+            return True
+        seen = self.delivered_by.setdefault(worker, set())
+        if number in seen:
+            return False
+        seen.add(number)
+        return True
+
+    async def forfeit(self, worker_id: int, run_id: str, group_size: int, reason: str) -> int:
+        """A worker died: record each group it was admitted for and never delivered as dropped_error with
+        `reason` (sample ids as the worker would have named them), and free their admissions.
+        Returns the worker's group count, where its replacement continues numbering and its prompt stream."""
+        admitted = self.admitted_by.get(worker_id, 0)
+        delivered = self.delivered_by.setdefault(worker_id, set())
+        lost = [k for k in range(admitted) if k not in delivered]
+        for k in lost:
+            group_id = f"{run_id}-w{worker_id}-g{k}"
+            records = [new_sample(run_id=run_id, sample_id=f"{group_id}-{i}", group_id=group_id, worker_id=worker_id,
+                                  status=Status.DROPPED_ERROR.value, status_reason=reason) for i in range(group_size)]
+            self._drop(records, "dropped_error")
+            self.counts["lost"] += len(records)
+            self.store.append(records)
+            delivered.add(k)
+        return admitted
+
     def _drop(self, group: list[dict], counter: str) -> None:
         self.live -= 1
         self.outstanding -= 1
@@ -128,6 +167,12 @@ class ReplayBuffer:
         self.counts["consumed"] += len(batch)
         self.store.append(batch)
         return batch
+
+
+def _group_number(group_id: str) -> int | None:
+    """`<run_id>-w<worker>-g<n>` -> n (None for ids not made by a rollout worker)."""
+    _, _, tail = group_id.rpartition("-g")
+    return int(tail) if tail.isdigit() else None
 
 
 def _oldest_start(group: list[dict]) -> int:

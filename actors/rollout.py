@@ -68,6 +68,7 @@ class _Group:
 class _Update:
     version: int
     handles: list | None = None  # CUDA IPC handles (learner.weight_transport=cuda_ipc); None: broadcast
+    init_args: tuple | None = None  # (re)join the weight group instead of loading weights (after a worker restart)
     done: threading.Event = field(default_factory=threading.Event)
     result: dict = field(default_factory=dict)
 
@@ -77,7 +78,11 @@ REWARD_THREADS = 4
 
 
 class RolloutWorker:
-    def __init__(self, worker_id: int, cfg: Config, model_path: str, buffer, run_id: str, start_cursor: int = 0) -> None:
+    def __init__(
+        self, worker_id: int, cfg: Config, model_path: str, buffer, run_id: str, start_cursor: int = 0, first_group: int = 0
+    ) -> None:
+        """`start_cursor`: prompts of this worker's stream to skip; `first_group`: its next group number
+        (a replacement for a dead worker continues both where the buffer's admissions say it stopped)."""
         pin_to_cores(cfg.rollout.cpu_affinity)
         self.id, self.cfg, self.buffer, self.run_id = worker_id, cfg, buffer, run_id
         r = cfg.rollout
@@ -101,7 +106,7 @@ class RolloutWorker:
                          "resubmitted": 0, "drain_s": 0.0, "reward_errors": 0, "reward_timeouts": 0, "bad_prompts": 0,
                          "prompts_drawn": 0}  # prompts_drawn: the data cursor a checkpoint records
         self.pending_puts: list = []
-        self.next_group = 0
+        self.next_group = first_group
         self.max_prompt = cfg.model.max_model_len - r.max_new_tokens
 
     # ---- called by the controller -------------------------------------------------
@@ -110,8 +115,9 @@ class RolloutWorker:
         return ray.get_runtime_context().get_node_id()
 
     def init_weight_sync(self, host: str, port: int, rank: int, world: int, backend: str, meta: list, bucket_bytes: int) -> bool:
-        assert self.thread is None, "init the weight group before the loop starts"
-        return all(self.engine.init_weight_sync(host, port, rank, world, backend, meta, bucket_bytes))
+        """Join the weight group (again, after another worker was replaced: then between two engine steps)."""
+        update = _Update(self.version, init_args=(host, port, rank, world, backend, meta, bucket_bytes))
+        return self._through_loop(update)["joined"]
 
     def start(self) -> None:
         self.thread = threading.Thread(target=self._loop, name=f"rollout-{self.id}", daemon=True)
@@ -119,7 +125,10 @@ class RolloutWorker:
 
     def update_weights(self, version: int, handles: list | None = None) -> dict:
         """Blocks until the loop has received and loaded `version` (between two engine steps; with drain, once nothing runs)."""
-        update = _Update(version, handles)
+        return self._through_loop(_Update(version, handles))
+
+    def _through_loop(self, update: _Update) -> dict:
+        """Have the loop thread apply `update` between two engine steps (or apply it here when no loop runs)."""
         thread = self.thread
         if thread is None or not thread.is_alive():
             self._apply(update)
@@ -187,7 +196,7 @@ class RolloutWorker:
                 self._apply(self.updates.get())
             room = self.cfg.rollout.max_inflight_groups - len(self.inflight)
             if room > 0 and time.monotonic() >= next_admit:
-                admitted = ray.get(self.buffer.admit.remote(room))
+                admitted = ray.get(self.buffer.admit.remote(room, self.id))
                 self._start_groups(admitted)
                 next_admit = time.monotonic() + (0.0 if admitted else 0.005)
             if self.engine.has_unfinished():
@@ -213,7 +222,10 @@ class RolloutWorker:
 
     def _apply(self, update: _Update) -> None:
         try:
-            update.result = self._update(update.version, update.handles)
+            if update.init_args is not None:
+                update.result = {"joined": all(self.engine.init_weight_sync(*update.init_args))}
+            else:
+                update.result = self._update(update.version, update.handles)
         except Exception as exc:  # reported to the caller of update_weights, which fails the run
             update.result = {"error": f"weight update failed on worker {self.id}: {exc!r}"}
         update.done.set()

@@ -93,6 +93,8 @@ class RolloutConfig:
     """Custom Ray resources each rollout actor needs (e.g. {rollout_node: 1}, a label given to `ray start --resources`)."""
     weight_update: str = "keep"
     """Requests running when new weights arrive: keep (pause, load, resume them: later tokens come from the new version; their KV is recomputed), abort (abort them and resubmit from the prompt: every token of the sample comes from the new version) or drain (stop admitting, let them finish, then load)."""
+    max_restarts: int = 3
+    """Rollout worker replacements allowed per run: a worker whose process dies is replaced (its unfinished groups are recorded as dropped_error with the reason); past this many the run stops."""
 
 
 @dataclass
@@ -145,6 +147,8 @@ class LearnerConfig:
     """Intra-op threads for the learner's torch."""
     critic_lr: float = 1.0e-3
     """Learning rate of the value model (algorithms with a critic, e.g. ppo)."""
+    max_non_finite_steps: int = 5
+    """Stop the run (after a checkpoint) when this many steps in a row skipped every update for a non-finite loss, ratio or gradient."""
     delay_s: float = 0.0
     """Sleep this long after each learner step. Only for ablations: it emulates a slower learner so that rollouts run ahead and staleness becomes real (bench/staleness_ablation.py). Keep 0."""
 
@@ -362,6 +366,7 @@ def validate(cfg: Config) -> Config:
     _check(a.value_clip > 0, "algorithm.value_clip", "must be > 0")
     _check(lr.critic_lr > 0, "learner.critic_lr", "must be > 0")
     _check(lr.delay_s >= 0, "learner.delay_s", "must be >= 0")
+    _check(lr.max_non_finite_steps >= 1, "learner.max_non_finite_steps", "must be >= 1")
     _check(lr.num_workers >= 1, "learner.num_workers", "must be >= 1")
     _check(lr.weight_transport in ("broadcast", "cuda_ipc"), "learner.weight_transport", "must be broadcast or cuda_ipc")
     _check(
@@ -374,6 +379,7 @@ def validate(cfg: Config) -> Config:
         "learner.num_workers",
         f"learner.batch_size ({lr.batch_size}) must split evenly into num_workers x mini_batches shards",
     )
+    _check(r.max_restarts >= 0, "rollout.max_restarts", "must be >= 0")
     _check(r.weight_update in ("keep", "abort", "drain"), "rollout.weight_update", "must be keep, abort or drain")
     for key, res in (("rollout.resources", r.resources), ("learner.resources", lr.resources)):
         _check(all(v > 0 for v in res.values()), key, "resource amounts must be > 0")

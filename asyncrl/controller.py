@@ -84,12 +84,10 @@ class Controller:
             for i in range(l.num_workers)
         ]
         self.learner = self.learners[0]  # rank 0 publishes weights and saves
-        worker_opts = {"num_cpus": r.num_cpus, "num_gpus": r.num_gpus, "resources": r.resources, "max_concurrency": 4}
-        self.workers = [
-            ray.remote(RolloutWorker).options(**worker_opts, scheduling_strategy=in_pool(self.pools[1], i))
-            .remote(i, cfg, model_path, self.buffer, self.run_id, self.cursors.get(i, 0))
-            for i in range(r.num_workers)
-        ]
+        self.workers = [self._new_worker(i, self.cursors.get(i, 0), 0) for i in range(r.num_workers)]
+        self.restarts = 0
+        self.non_finite_streak = 0
+        self.cursor_offsets: dict[int, int] = {}
         self.version = 0
         self.tokens_t = time.time()
         self.worker_seen: dict[int, dict] = {}  # worker id -> counters at the previous step
@@ -107,6 +105,44 @@ class Controller:
         if resume is not None:  # the engines start from the initial model: give them the checkpoint's policy
             self.sync_weights()
 
+    def _new_worker(self, i: int, cursor: int, first_group: int):
+        r = self.cfg.rollout
+        opts = {"num_cpus": r.num_cpus, "num_gpus": r.num_gpus, "resources": r.resources, "max_concurrency": 4}
+        return (ray.remote(RolloutWorker).options(**opts, scheduling_strategy=in_pool(self.pools[1], i))
+                .remote(i, self.cfg, self.model_path, self.buffer, self.run_id, cursor, first_group))
+
+    def worker_stats(self, timeout_s: float = 60.0) -> list[dict]:
+        """Every worker's counters; a worker whose process died is replaced first (and its lost groups recorded)."""
+        while True:
+            refs = [w.stats.remote() for w in self.workers]
+            dead = []
+            for i, ref in enumerate(refs):
+                try:
+                    ray.get(ref, timeout=timeout_s)
+                except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as exc:
+                    dead.append((i, exc))
+            if not dead:
+                return ray.get(refs)
+            for i, exc in dead:
+                self.replace_worker(i, type(exc).__name__)
+
+    def replace_worker(self, i: int, why: str) -> None:
+        """Rollout worker i is gone: record what it took with it, start a replacement where it stopped, rejoin the weight group."""
+        self.restarts += 1
+        if self.restarts > self.cfg.rollout.max_restarts:
+            raise RuntimeError(f"rollout worker {i} died ({why}); rollout.max_restarts={self.cfg.rollout.max_restarts} restarts used up")
+        ray.kill(self.workers[i], no_restart=True)
+        reason = f"rollout worker {i} died while generating this group ({why})"
+        groups = ray.get(self.buffer.forfeit.remote(i, self.run_id, self.cfg.rollout.group_size, reason))
+        print(f"asyncrl: rollout worker {i} died ({why}); restarting it (restart {self.restarts})", flush=True)
+        # every admitted group drew one prompt: the replacement continues the stream and the group numbering
+        self.workers[i] = self._new_worker(i, self.cursors.get(i, 0) + groups, groups)
+        self.cursor_offsets[i] = groups  # prompts drawn in this process by worker i's earlier incarnations
+        self.worker_seen.pop(i, None)  # its counters start again from 0
+        self._init_weight_sync()
+        self._publish()
+        ray.get(self.workers[i].start.remote())
+
     def _restore(self, checkpoint: Path, state: dict) -> None:
         ray.get([a.load_checkpoint.remote(str(checkpoint)) for a in self.learners])
         self.start_step, self.version = state["next_step"], state["version"]
@@ -116,13 +152,16 @@ class Controller:
 
     def checkpoint(self, next_step: int) -> Path:
         """Everything needed to continue at `next_step`; the trajectory record is flushed first."""
-        stats = ray.get([w.stats.remote() for w in self.workers])
+        stats = self.worker_stats()
         ray.get(self.buffer.flush.remote())
         counts = ray.get(self.buffer.stats.remote())
         state = {
             "next_step": next_step, "version": self.version, "run_id": self.run_id,
             "trained_total": self.trained_total, "learner_compute_total": self.learner_compute_total,
-            "worker_cursors": {str(st["worker_id"]): self.cursors.get(st["worker_id"], 0) + st["prompts_drawn"] for st in stats},
+            "worker_cursors": {
+                str(st["worker_id"]): self.cursors.get(st["worker_id"], 0) + self.cursor_offsets.get(st["worker_id"], 0) + st["prompts_drawn"]
+                for st in stats
+            },
             "buffer_counts": {k: counts[k] for k in ("admitted_groups", "refused_admissions", "consumed", "dropped_stale", "dropped_error", "aborted")},
         }
         save = lambda d: ray.get(self.learner.save_checkpoint.remote(str(d)))  # noqa: E731  (the learner writes learner.pt)
@@ -171,9 +210,20 @@ class Controller:
         return {
             "steps": cfg.run.steps, "resumed_at_step": self.start_step or None, "wall_s": time.time() - t_start, "policy_version": self.version,
             "eval/accuracy_before": before, "eval/accuracy_after": after,
-            "samples": buffer_counts, "rollout": ends, "placement": self.placement,
+            "samples": buffer_counts, "rollout": ends, "rollout_restarts": self.restarts, "placement": self.placement,
             "bottleneck": dataclasses.asdict(bottleneck(history)),
         }
+
+    def check_non_finite(self, step: int, metrics: dict) -> None:
+        """Count steps whose every update was skipped (non-finite loss, ratio or gradient); too many in a row
+        stop the run after a checkpoint of the last good weights (skipped updates never changed them)."""
+        every_update_skipped = metrics["learner/skipped_updates"] >= self.cfg.learner.mini_batches
+        self.non_finite_streak = self.non_finite_streak + 1 if every_update_skipped else 0
+        limit = self.cfg.learner.max_non_finite_steps
+        if self.non_finite_streak >= limit:
+            saved = self.checkpoint(step + 1) if self.cfg.run.checkpoint_every else None
+            where = f"; checkpoint at {saved}" if saved else ""
+            raise RuntimeError(f"{limit} steps in a row had only non-finite losses or gradients (last: step {step}){where}")
 
     def next_batch(self, step: int, poll_s: float = 5.0) -> list[dict]:
         """Wait for a batch, checking the rollout workers every `poll_s`: a failed worker stops the run with its own error."""
@@ -184,7 +234,7 @@ class Controller:
             batch = ray.get(self.buffer.get_batch.remote(self.cfg.groups_per_step, self.version, step, wait))
             if batch is not None:
                 return batch
-            stats = ray.get([w.stats.remote() for w in self.workers])
+            stats = self.worker_stats()
             errors = [s["error"] for s in stats if s["error"]]
             if errors:
                 raise RuntimeError("; ".join(errors))
@@ -197,6 +247,7 @@ class Controller:
         waited = time.perf_counter() - t0
         batch_ref = ray.put(batch)  # one copy in the object store, whatever the number of learner workers
         metrics = ray.get([a.train_step.remote(batch_ref, self.version) for a in self.learners])[0]
+        self.check_non_finite(step, metrics)
         sync = {"seconds": 0.0, "bytes": 0}
         if (step + 1) % self.cfg.learner.sync_every == 0 or step == self.cfg.run.steps - 1:
             sync = self.sync_weights()
@@ -220,8 +271,15 @@ class Controller:
         return metrics
 
     def sync_weights(self) -> dict:
+        """Publish the learner's weights as the next version."""
         t0 = time.perf_counter()
+        self.worker_stats()  # a dead engine would hang the broadcast: replace it first
         self.version += 1
+        sent = self._publish()
+        return {"seconds": time.perf_counter() - t0, "bytes": sent}
+
+    def _publish(self) -> int:
+        """Send the learner's weights to every engine as `self.version`; returns bytes sent."""
         if self.cfg.learner.weight_transport == "cuda_ipc":
             handles = ray.get(self.learner.share_weights_ipc.remote())
             ray.get([w.update_weights.remote(self.version, handles) for w in self.workers])
@@ -230,10 +288,10 @@ class Controller:
             refs = [self.learner.broadcast_weights.remote()] + [w.update_weights.remote(self.version) for w in self.workers]
             sent = ray.get(refs)[0]["bytes"]
         ray.get(self.buffer.set_version.remote(self.version))
-        return {"seconds": time.perf_counter() - t0, "bytes": sent}
+        return sent
 
     def rollout_metrics(self) -> dict:
-        stats = ray.get([w.stats.remote() for w in self.workers])
+        stats = self.worker_stats()
         errors = [s["error"] for s in stats if s["error"]]
         if errors:
             raise RuntimeError("; ".join(errors))
@@ -253,7 +311,7 @@ class Controller:
         return {
             "rollout/tokens_per_s": sum(v for k, v in per_worker.items() if k.endswith("tokens_per_s")),
             "rollout/idle_frac": idle / max(busy + idle, 1e-9), **per_worker,
-            "rollout/busy_s_total": busy, "rollout/resubmitted_total": sum(s["resubmitted"] for s in stats),
+            "rollout/busy_s_total": busy, "rollout/restarts_total": self.restarts, "buffer/lost_samples": buf["lost"], "rollout/resubmitted_total": sum(s["resubmitted"] for s in stats),
             "rollout/drain_s_total": sum(s["drain_s"] for s in stats),
             "samples/generated_total": sum(s["groups_done"] for s in stats) * self.cfg.rollout.group_size,
             "rollout/inflight_groups": sum(s["inflight_groups"] for s in stats),

@@ -99,3 +99,63 @@ def test_sigkill_mid_run_then_resume(tiny_model_dir, tmp_path):
     resumed_prompts = {r["prompt_id"] for r in records if r["run_id"] != records[0]["run_id"]}
     first_prompts = {r["prompt_id"] for r in records if r["run_id"] == records[0]["run_id"]}
     assert len(resumed_prompts - first_prompts) > 0.8 * len(resumed_prompts)  # the data stream went on, not from the start
+
+
+def rollout_worker_pids() -> list[int]:
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if (proc / "cmdline").read_bytes().startswith(b"ray::RolloutWorker"):
+                pids.append(int(proc.name))
+        except (OSError, ValueError):
+            continue
+    return pids
+
+
+@pytest.mark.slow
+def test_a_killed_rollout_worker_is_replaced_and_nothing_is_lost_silently(random_model_dir, tmp_path):
+    # the untrained model writes long responses: the worker is mid-generation whenever it is killed
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "asyncrl.run", "--config", "configs/smoke.yaml", f"run.output_dir={out}", f"model.path={random_model_dir}",
+           "run.steps=14", "run.eval=false", "rollout.max_new_tokens=48", "run.checkpoint_every=0"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and len(metric_steps(out) if (out / "metrics.jsonl").exists() else []) < 3:
+        time.sleep(0.2)
+    victims = rollout_worker_pids()
+    assert len(victims) == 1
+    os.kill(victims[0], signal.SIGKILL)  # the engine dies with its worker process, mid-run
+    output, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, output[-4000:]
+    assert "rollout worker 0 died" in output
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["rollout_restarts"] == 1 and summary["steps"] == 14
+    records = read_trajectories(out / "trajectories").to_pylist()
+    ids = [r["sample_id"] for r in records]
+    assert len(ids) == len(set(ids)), "a sample recorded twice"
+    assert sum(r["status"] == "consumed" for r in records) == 14 * 16
+    lost = [r for r in records if "died while generating" in (r["status_reason"] or "")]
+    assert all(r["status"] == "dropped_error" for r in lost)
+    assert len(lost) == summary["samples"]["lost"] > 0
+    # every group the dead worker was admitted for ended in the record: its group numbers have no gap
+    numbers = sorted({int(r["group_id"].rpartition("-g")[2]) for r in records})
+    assert numbers == list(range(len(numbers)))
+
+
+def test_repeated_non_finite_steps_stop_the_run_after_a_checkpoint(tmp_path):
+    from asyncrl.config import load_config
+    from asyncrl.controller import Controller
+
+    ctl = Controller.__new__(Controller)  # only the streak logic: no Ray, no actors
+    ctl.cfg = load_config(None, ["learner.max_non_finite_steps=3", "learner.mini_batches=2", "learner.batch_size=16",
+                                 "rollout.group_size=4"])
+    ctl.non_finite_streak = 0
+    saved = []
+    ctl.checkpoint = lambda next_step: saved.append(next_step) or tmp_path / f"step-{next_step}"
+    ctl.check_non_finite(0, {"learner/skipped_updates": 2})
+    ctl.check_non_finite(1, {"learner/skipped_updates": 1})  # one of two updates went through: the streak resets
+    ctl.check_non_finite(2, {"learner/skipped_updates": 2})
+    ctl.check_non_finite(3, {"learner/skipped_updates": 2})
+    with pytest.raises(RuntimeError, match="3 steps in a row had only non-finite"):
+        ctl.check_non_finite(4, {"learner/skipped_updates": 2})
+    assert saved == [5]
