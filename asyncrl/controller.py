@@ -280,14 +280,25 @@ class Controller:
 
     def _publish(self) -> int:
         """Send the learner's weights to every engine as `self.version`; returns bytes sent."""
-        if self.cfg.learner.weight_transport == "cuda_ipc":
-            handles = ray.get(self.learner.share_weights_ipc.remote())
-            ray.get([w.update_weights.remote(self.version, handles) for w in self.workers])
-            sent = ray.get(self.learner.release_weights_ipc.remote())
-        else:
-            refs = [self.learner.broadcast_weights.remote()] + [w.update_weights.remote(self.version) for w in self.workers]
-            sent = ray.get(refs)[0]["bytes"]
+        ipc = self.cfg.learner.weight_transport == "cuda_ipc"
+        handles = ray.get(self.learner.share_weights_ipc.remote()) if ipc else None
+        sender = None if ipc else self.learner.broadcast_weights.remote()
+        receivers = [w.update_weights.remote(self.version, handles) for w in self.workers]
+        dead = []
+        for i, ref in enumerate(receivers):
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayActorError:  # died mid-update: the others got the weights
+                dead.append(i)
+        try:
+            sent = ray.get(self.learner.release_weights_ipc.remote()) if ipc else ray.get(sender)["bytes"]
+        except ray.exceptions.RayTaskError:  # the broadcast lost a peer: harmless if that peer is being replaced
+            if not dead:
+                raise
+            sent = 0
         ray.get(self.buffer.set_version.remote(self.version))
+        for i in dead:  # rebuilds the group and publishes again, to everyone
+            self.replace_worker(i, "died during a weight update")
         return sent
 
     def rollout_metrics(self) -> dict:

@@ -11,3 +11,18 @@ def pin_to_cores(cores: list[int]) -> list[int]:
         os.sched_setaffinity(0, usable)
     return usable
 
+
+
+def pids_named(prefix: str) -> list[int]:
+    """Pids of this machine's processes whose command line starts with `prefix` (Ray names actors `ray::<Class>`)."""
+    pids = []
+    for proc in os.scandir("/proc"):
+        if not proc.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{proc.name}/cmdline", "rb") as f:
+                if f.read().startswith(prefix.encode()):
+                    pids.append(int(proc.name))
+        except OSError:
+            continue
+    return pids

@@ -12,6 +12,7 @@ import torch
 
 from asyncrl.checkpoint import latest_checkpoint, read_state, truncate_metrics, write_checkpoint
 from asyncrl.store import read_trajectories
+from asyncrl.util import pids_named
 from tests.test_learner import fake_samples, learner
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -102,14 +103,7 @@ def test_sigkill_mid_run_then_resume(tiny_model_dir, tmp_path):
 
 
 def rollout_worker_pids() -> list[int]:
-    pids = []
-    for proc in Path("/proc").iterdir():
-        try:
-            if (proc / "cmdline").read_bytes().startswith(b"ray::RolloutWorker"):
-                pids.append(int(proc.name))
-        except (OSError, ValueError):
-            continue
-    return pids
+    return pids_named("ray::RolloutWorker")
 
 
 @pytest.mark.slow
