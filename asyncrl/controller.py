@@ -11,6 +11,7 @@ import dataclasses
 import json
 import math
 import os
+import socket
 import time
 import uuid
 from pathlib import Path
@@ -33,6 +34,17 @@ from asyncrl.tasks import make_reward, make_task
 from asyncrl.weights import free_port
 
 ACTOR_ENV = {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "VLLM_NO_USAGE_STATS": "1", "WANDB_SILENT": "true", "VLLM_LOGGING_LEVEL": "ERROR"}
+
+
+def check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """Fail in seconds, naming the address, when nothing listens there (ray.init would retry for minutes)."""
+    host, _, port = address.split("://", 1)[-1].rpartition(":")
+    if not port.isdigit():  # "auto" and other forms Ray resolves itself
+        return
+    try:
+        socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        raise ValueError(f"Ray address {address!r} (run.ray_address or RAY_ADDRESS): nothing answers at {host}:{port} ({exc})") from exc
 
 
 def connect_ray(cfg: Config) -> bool:
@@ -375,6 +387,8 @@ def run(cfg: Config, resume: bool = False) -> dict:
         if checkpoint is None:
             raise ValueError(f"--resume: no checkpoint in {Path(cfg.run.output_dir) / 'checkpoints'} (run.checkpoint_every was 0, or the run stopped before its first)")
         truncate_metrics(Path(cfg.run.output_dir) / "metrics.jsonl", read_state(checkpoint)["next_step"])
+    if cfg.run.ray_address or os.environ.get("RAY_ADDRESS"):
+        check_reachable(cfg.run.ray_address or os.environ["RAY_ADDRESS"])
     run_dir = prepare_run_dir(cfg)
     started = connect_ray(cfg)
     wandb_id = (run_dir / "wandb_run_id").read_text().strip() if resume and (run_dir / "wandb_run_id").is_file() else None

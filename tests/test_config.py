@@ -92,7 +92,8 @@ def test_cli_exits_2_naming_the_key(override, key):
 @pytest.mark.parametrize(
     "override, message",
     [("algorithm.name=nope", "unknown algorithm 'nope'; registered: grpo"), ("task.reward=nope.fn", "cannot import module 'nope'"),
-     ("model.path=/nonexistent/model", "/nonexistent/model")],
+     ("model.path=/nonexistent/model", "/nonexistent/model"),
+     ("run.ray_address=127.0.0.1:1", "Ray address '127.0.0.1:1' (run.ray_address or RAY_ADDRESS): nothing answers")],
 )
 def test_cli_names_bad_plugins_and_model_paths_before_ray(override, message, tmp_path):
     proc = subprocess.run(
