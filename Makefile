@@ -6,7 +6,7 @@ STAMP := $(VENV)/.asyncrl-installed
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup run smoke test test-fast model clean
+.PHONY: setup run smoke test test-fast model bench clean
 
 setup: $(STAMP)
 
@@ -35,6 +35,13 @@ smoke: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# measured tables into bench/results/ (about 15 min on 2 cores); see README "Benchmarks"
+bench: $(STAMP)
+	$(PY) bench/overlap.py
+	$(PY) bench/scaling.py
+	$(PY) bench/staleness_ablation.py
+	$(PY) bench/soak.py --minutes 2 --kill-every 20
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)

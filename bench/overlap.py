@@ -1,0 +1,134 @@
+"""Async vs sync against the ideal overlap bound, and the engine's own ceiling, measured in one invocation.
+
+    .venv/bin/python bench/overlap.py            # about 2 min on 2 cores
+    .venv/bin/python bench/overlap.py --steps 60
+
+1. Runs the default job twice with the same seed and steps: synchronously
+   (`buffer.max_staleness=0`, where generation, training and weight sync take
+   turns) and asynchronously (`max_staleness=1`), rollout and learner pinned
+   to separate cores (configs/default.yaml). From the synchronous run, whose
+   phases do not overlap, it takes T_gen (the learner's wait for a batch),
+   T_train (learner compute) and T_sync (weight broadcast) per step; the ideal
+   speedup of one rollout pool and one learner pool is
+   (T_gen + T_train + T_sync) / max(T_gen, T_train + T_sync). The achieved
+   speedup is the ratio of learner steps per second (= trained samples per
+   second: the batch size is the same); efficiency = achieved / ideal.
+2. Engine ceiling: vLLM alone on the same model, sampling parameters, prompt
+   stream and core generates as many groups as the async run trained on;
+   the ratio of asyncrl's `rollout/tokens_per_s` to that is the overhead
+   asyncrl adds to generation.
+
+Medians over steps 1.. (step 0 includes the cold start). Writes
+bench/results/overlap.{md,json}.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def run_job(out: Path, steps: int, staleness: int) -> tuple[list[dict], dict]:
+    overrides = [f"run.output_dir={out}", f"run.steps={steps}", f"buffer.max_staleness={staleness}", "run.eval=false",
+                 "logging.wandb=false", "logging.console=false", "run.checkpoint_every=0"]
+    proc = subprocess.run([sys.executable, "-m", "asyncrl.run", "--config", "configs/default.yaml", *overrides],
+                          cwd=ROOT, capture_output=True, text=True, timeout=1800)
+    if proc.returncode != 0:
+        raise RuntimeError(f"run failed ({' '.join(overrides)}):\n{proc.stderr[-3000:]}")
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()][1:]
+    return rows, json.loads((out / "summary.json").read_text())
+
+
+def median(rows: list[dict], key: str) -> float:
+    return statistics.median(r[key] for r in rows)
+
+
+def engine_alone(n_groups: int) -> float:
+    """Tokens/s of the bare vLLM engine on the rollout worker's core, prompts and sampling parameters."""
+    from actors.engine import VLLMEngine
+    from asyncrl.config import load_config
+    from asyncrl.models.tiny import resolve_model_path
+    from asyncrl.tasks import make_task
+    from asyncrl.util import pin_to_cores
+
+    cfg = load_config(ROOT / "configs/default.yaml")
+    pin_to_cores(cfg.rollout.cpu_affinity)
+    import torch
+
+    torch.set_num_threads(1)
+    r = cfg.rollout
+    path = str(resolve_model_path(cfg.model.path, cfg.task.digits, cfg.run.seed, cfg.model.cache_dir))
+    engine = VLLMEngine(path, cfg.model.dtype, cfg.model.max_model_len, cfg.run.seed, r.kv_cache_gib, r.gpu_memory_utilization)
+    params = engine.sampling_params(r.temperature, r.top_p, r.max_new_tokens)
+    prompts = make_task(cfg.task, cfg.run.seed).train_prompts(seed=cfg.run.seed * 1000)
+    ids = [engine.tokenizer(next(prompts).text).input_ids for _ in range(n_groups)]
+    limit = r.max_inflight_groups * r.group_size  # requests in flight, as the worker allows
+    tokens, started, running, t0 = 0, 0, 0, time.perf_counter()
+    while started < n_groups or running:
+        while started < n_groups and running + r.group_size <= limit:
+            for i in range(r.group_size):
+                engine.add(f"g{started}-{i}", ids[started], params)
+            started, running = started + 1, running + r.group_size
+        done = engine.step()
+        running -= len(done)
+        tokens += sum(len(f.token_ids) for f in done)
+    return tokens / (time.perf_counter() - t0)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="overlap-") as tmp:
+        sync, _ = run_job(Path(tmp) / "sync", args.steps, 0)
+        asyn, summary = run_job(Path(tmp) / "async", args.steps, 1)
+    t_gen, t_train, t_sync = (median(sync, k) for k in ("time/learner_wait_s", "time/learner_compute_s", "time/weight_sync_s"))
+    ideal = (t_gen + t_train + t_sync) / max(t_gen, t_train + t_sync)
+    sync_step, async_step = median(sync, "time/step_s"), median(asyn, "time/step_s")
+    achieved = sync_step / async_step
+    groups = int(sum(r["samples/trained"] for r in asyn)) // 8
+    ceiling = engine_alone(groups)
+    # the worker's tokens per second of engine stepping (its idle time waiting for admission is demand, not capacity)
+    inside = sum(w["tokens"] for w in summary["rollout"]) / sum(w["busy_s"] for w in summary["rollout"])
+    result = {
+        "t_gen_s": t_gen, "t_train_s": t_train, "t_sync_s": t_sync, "ideal_speedup": ideal,
+        "sync_step_s": sync_step, "async_step_s": async_step, "achieved_speedup": achieved, "efficiency": achieved / ideal,
+        "sync_learner_wait_frac": median(sync, "time/learner_wait_frac"), "async_learner_wait_frac": median(asyn, "time/learner_wait_frac"),
+        "sync_rollout_idle_frac": median(sync, "rollout/idle_frac"), "async_rollout_idle_frac": median(asyn, "rollout/idle_frac"),
+        "async_weight_sync_frac": median(asyn, "time/weight_sync_frac"),
+        "rollout_tokens_per_s_in_asyncrl": inside, "engine_alone_tokens_per_s": ceiling, "engine_ratio": inside / ceiling,
+    }
+    lines = [
+        f"Overlap and engine ceiling, default job, {args.steps} steps per mode, medians over steps 1.. (`bench/overlap.py {' '.join(sys.argv[1:])}`)",
+        "",
+        "| measure | value |", "|---|---|",
+        f"| T_gen / T_train / T_sync per step (sync run) | {t_gen:.3f} / {t_train:.3f} / {t_sync:.3f} s |",
+        f"| ideal speedup (T_gen+T_train+T_sync) / max(T_gen, T_train+T_sync) | {ideal:.2f}x |",
+        f"| step time sync → async | {sync_step:.3f} → {async_step:.3f} s |",
+        f"| achieved speedup (steps/s and samples/s) | {achieved:.2f}x |",
+        f"| **efficiency achieved / ideal** (target ≥ 0.85) | **{achieved / ideal:.2f}** |",
+        f"| learner wait, sync → async | {result['sync_learner_wait_frac']:.0%} → {result['async_learner_wait_frac']:.0%} |",
+        f"| rollout idle, sync → async | {result['sync_rollout_idle_frac']:.0%} → {result['async_rollout_idle_frac']:.0%} |",
+        f"| weight sync / step time (async) (target ≤ 5 %) | {result['async_weight_sync_frac']:.0%} |",
+        f"| rollout tokens per engine-busy second: in asyncrl / vLLM alone | {inside:.0f} / {ceiling:.0f} |",
+        f"| rollout tokens per wall second in asyncrl (includes waiting for admission) | {median(asyn, 'rollout/tokens_per_s'):.0f} |",
+        f"| **engine ratio** (target ≥ 0.9) | **{inside / ceiling:.2f}** |",
+    ]
+    text = "\n".join(lines) + "\n"
+    print(text)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "overlap.md").write_text(text)
+    (args.out / "overlap.json").write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
