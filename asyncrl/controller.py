@@ -260,7 +260,7 @@ class Controller:
         batch_ref = ray.put(batch)  # one copy in the object store, whatever the number of learner workers
         metrics = ray.get([a.train_step.remote(batch_ref, self.version) for a in self.learners])[0]
         self.check_non_finite(step, metrics)
-        sync = {"seconds": 0.0, "bytes": 0}
+        sync = {"seconds": 0.0, "bytes": 0, "check_s": 0.0, "send_s": 0.0, "load_s": 0.0}
         if (step + 1) % self.cfg.learner.sync_every == 0 or step == self.cfg.run.steps - 1:
             sync = self.sync_weights()
         if metrics.get("alert/kl"):
@@ -275,6 +275,7 @@ class Controller:
             "step": step, "policy_version": self.version, "time/step_s": step_s,
             "time/learner_wait_s": waited, "time/learner_wait_frac": waited / step_s, "time/learner_compute_s": compute_s,
             "time/weight_sync_s": sync["seconds"], "time/weight_sync_frac": sync["seconds"] / step_s, "weights/sync_bytes": sync["bytes"],
+            "time/weight_check_s": sync["check_s"], "time/weight_send_s": sync["send_s"], "time/weight_load_s": sync["load_s"],
             "samples/trained_total": self.trained_total,
             "samples/effective_rate": self.trained_total / max(metrics["samples/generated_total"], 1),
             "samples/cost_per_1k_effective": 1000 * (metrics["rollout/busy_s_total"] + self.learner_compute_total) / self.trained_total,
@@ -286,32 +287,38 @@ class Controller:
         """Publish the learner's weights as the next version."""
         t0 = time.perf_counter()
         self.worker_stats()  # a dead engine would hang the broadcast: replace it first
+        checked = time.perf_counter()
         self.version += 1
-        sent = self._publish()
-        return {"seconds": time.perf_counter() - t0, "bytes": sent}
+        parts = self._publish()
+        return {"seconds": time.perf_counter() - t0, "check_s": checked - t0, **parts}
 
-    def _publish(self) -> int:
-        """Send the learner's weights to every engine as `self.version`; returns bytes sent."""
+    def _publish(self) -> dict:
+        """Send the learner's weights to every engine as `self.version`: bytes, the learner's send seconds and the
+        slowest engine's receive-and-load seconds (the rest of a sync is waiting for a step boundary and Ray)."""
         ipc = self.cfg.learner.weight_transport == "cuda_ipc"
         handles = ray.get(self.learner.share_weights_ipc.remote()) if ipc else None
         sender = None if ipc else self.learner.broadcast_weights.remote()
         receivers = [w.update_weights.remote(self.version, handles) for w in self.workers]
-        dead = []
+        dead, load_s = [], 0.0
         for i, ref in enumerate(receivers):
             try:
-                ray.get(ref)
+                load_s = max(load_s, ray.get(ref)["seconds"])
             except ray.exceptions.RayActorError:  # died mid-update: the others got the weights
                 dead.append(i)
         try:
-            sent = ray.get(self.learner.release_weights_ipc.remote()) if ipc else ray.get(sender)["bytes"]
+            if ipc:
+                sent, send_s = ray.get(self.learner.release_weights_ipc.remote()), 0.0
+            else:
+                result = ray.get(sender)
+                sent, send_s = result["bytes"], result["seconds"]
         except ray.exceptions.RayTaskError:  # the broadcast lost a peer: harmless if that peer is being replaced
             if not dead:
                 raise
-            sent = 0
+            sent, send_s = 0, 0.0
         ray.get(self.buffer.set_version.remote(self.version))
         for i in dead:  # rebuilds the group and publishes again, to everyone
             self.replace_worker(i, "died during a weight update")
-        return sent
+        return {"bytes": sent, "send_s": send_s, "load_s": load_s}
 
     def rollout_metrics(self) -> dict:
         stats = self.worker_stats()
