@@ -39,6 +39,7 @@ test: $(STAMP)
 # measured tables into bench/results/ (about 15 min on 2 cores); see README "Benchmarks"
 bench: $(STAMP)
 	$(PY) bench/overlap.py
+	$(PY) bench/weight_sync.py
 	$(PY) bench/scaling.py
 	$(PY) bench/staleness_ablation.py
 	$(PY) bench/soak.py --minutes 2 --kill-every 20

@@ -1,0 +1,115 @@
+"""Weight-sync cost: asyncrl's bucketed broadcast against a raw torch.distributed broadcast of the same bytes.
+
+    .venv/bin/python bench/weight_sync.py                    # tiny model and a ~0.5B Qwen2-shaped model, gloo
+    .venv/bin/python bench/weight_sync.py --sizes tiny --repeats 20
+
+Two processes on this machine form a gloo group through the same function the
+learner uses (vLLM's stateless group, `asyncrl.weights.init_group`). Rank 0
+sends a model's parameters with `send_weights` (bucket plan of
+`learner.sync_bucket_mb`, pack, broadcast) and rank 1 receives them with
+`receive_weights`; then rank 0 broadcasts one flat tensor of the same byte count
+(the raw transport). Reported: seconds and bytes per sync, the bandwidths and
+their ratio. The engine's `reload_weights` is not included here (see
+bench/overlap.py for a sync's full breakdown inside a run).
+Writes bench/results/weight_sync.{md,json}.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.multiprocessing as mp
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+# Qwen2-0.5B's shape (random weights: only the bytes matter); built on the meta device and materialised with
+# to_empty, which unties lm_head from the embedding, so 630 M parameters travel instead of 494 M
+SIZES = {
+    "tiny": None,
+    "0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2, vocab_size=151936),
+}
+
+
+def build_params(size: str) -> list[tuple[str, torch.Tensor]]:
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from asyncrl.models.tiny import TinySpec, build_model, build_tokenizer
+
+    torch.manual_seed(0)
+    if SIZES[size] is None:
+        model = build_model(TinySpec(), len(build_tokenizer()))
+    else:
+        with torch.device("meta"):
+            model = Qwen2ForCausalLM(Qwen2Config(tie_word_embeddings=True, **SIZES[size]))
+        model = model.to_empty(device="cpu")
+    return [(n, p.detach()) for n, p in model.named_parameters()]
+
+
+def worker(rank: int, port: int, size: str, bucket_mb: float, repeats: int, out: dict) -> None:
+    from asyncrl.weights import TensorMeta, _broadcast, init_group, plan_buckets, receive_weights, send_weights, tensor_meta
+
+    torch.set_num_threads(1)
+    named = build_params(size)
+    meta = tensor_meta(iter(named))
+    buckets = plan_buckets(meta, int(bucket_mb * 2**20))
+    group = init_group("127.0.0.1", port, rank, 2, "gloo")
+    tensors = [t for _, t in named]
+    nbytes = sum(m.nbytes for m in meta)
+    timings = {"asyncrl": [], "raw": []}
+    flat = torch.empty(nbytes // 4, dtype=torch.float32)
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        if rank == 0:
+            send_weights(group, tensors, buckets)
+        else:
+            for _name, _view in receive_weights(group, [TensorMeta(m.name, m.dtype, m.shape) for m in meta], buckets, torch.device("cpu")):
+                pass
+        timings["asyncrl"].append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        _broadcast(group, flat)
+        timings["raw"].append(time.perf_counter() - t0)
+    if rank == 1:
+        out.update({"size": size, "params": sum(m.numel for m in meta), "bytes": nbytes, "buckets": len(buckets),
+                    "asyncrl_s": statistics.median(timings["asyncrl"]), "raw_s": statistics.median(timings["raw"])})
+
+
+def measure(size: str, bucket_mb: float, repeats: int) -> dict:
+    from asyncrl.weights import free_port
+
+    with mp.Manager() as manager:
+        out = manager.dict()
+        mp.spawn(worker, args=(free_port(), size, bucket_mb, repeats, out), nprocs=2, join=True)
+        return dict(out)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", nargs="+", default=["tiny", "0.5b"], choices=sorted(SIZES))
+    parser.add_argument("--bucket-mb", type=float, default=64.0, help="learner.sync_bucket_mb")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    args = parser.parse_args()
+    results = [measure(size, args.bucket_mb, args.repeats) for size in args.sizes]
+    lines = [f"Weight sync over gloo between two processes on this machine, bucket {args.bucket_mb:g} MB, median of {args.repeats}",
+             f"(`bench/weight_sync.py {' '.join(sys.argv[1:])}`)", "",
+             "| model | parameters | bytes | buckets | asyncrl send+receive | raw broadcast | asyncrl GB/s | raw GB/s | ratio |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        lines.append(f"| {r['size']} | {r['params'] / 1e6:.1f} M | {r['bytes'] / 2**20:.1f} MiB | {r['buckets']} | {r['asyncrl_s'] * 1e3:.1f} ms "
+                     f"| {r['raw_s'] * 1e3:.1f} ms | {r['bytes'] / r['asyncrl_s'] / 1e9:.2f} | {r['bytes'] / r['raw_s'] / 1e9:.2f} "
+                     f"| {r['raw_s'] / r['asyncrl_s']:.2f} |")
+    text = "\n".join(lines) + "\n"
+    print(text)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "weight_sync.md").write_text(text)
+    (args.out / "weight_sync.json").write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
