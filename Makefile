@@ -36,7 +36,7 @@ smoke: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-# measured tables into bench/results/ (about 15 min on 2 cores); see README "Benchmarks"
+# measured tables into bench/results/ (about 17 min on 2 cores); see README "Benchmarks"
 bench: $(STAMP)
 	$(PY) bench/overlap.py
 	$(PY) bench/weight_sync.py
