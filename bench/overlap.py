@@ -31,6 +31,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from results_io import publish  # bench/ is on sys.path when a benchmark runs as a script
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -129,10 +130,7 @@ def main() -> None:
         f"| **engine ratio** (target ≥ 0.9) | **{inside / ceiling:.2f}** |",
     ]
     text = "\n".join(lines) + "\n"
-    print(text)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "overlap.md").write_text(text)
-    (args.out / "overlap.json").write_text(json.dumps(result, indent=2))
+    publish(args.out, "overlap", text, result)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from results_io import publish  # bench/ is on sys.path when a benchmark runs as a script
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -73,10 +74,7 @@ def main() -> None:
     if busiest > (os.cpu_count() or 1):
         lines += ["", f"Note: up to {busiest} worker processes on {os.cpu_count()} cores: these rows measure contention, not scaling."]
     text = "\n".join(lines) + "\n"
-    print("\n" + text)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "scaling.md").write_text(text)
-    (args.out / "scaling.json").write_text(json.dumps(results, indent=2))
+    publish(args.out, "scaling", text, results)
 
 
 if __name__ == "__main__":

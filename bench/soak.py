@@ -30,6 +30,7 @@ sys.path.insert(0, str(ROOT))
 from asyncrl.config import load_config  # noqa: E402
 from asyncrl.store import read_trajectories  # noqa: E402
 from asyncrl.util import pids_named  # noqa: E402
+from results_io import publish  # bench/ is on sys.path when a benchmark runs as a script
 
 
 def rollout_worker_pids() -> list[int]:
@@ -99,10 +100,7 @@ def main() -> None:
              f"- **lost silently: {result['lost_silently']}**, recorded twice: {result['recorded_twice']}",
              "- by status (reason):"] + [f"  - {k}: {v}" for k, v in result["by_status_and_reason"].items()]
     text = "\n".join(lines) + "\n"
-    print(text)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "soak.md").write_text(text)
-    (args.out / "soak.json").write_text(json.dumps(result, indent=2))
+    publish(args.out, "soak", text, result)
     if result["lost_silently"] or result["recorded_twice"]:
         sys.exit(1)
 

@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from results_io import publish  # bench/ is on sys.path when a benchmark runs as a script
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -82,10 +83,7 @@ def main() -> None:
         f"Staleness ablation: {args.steps} steps x 64 samples, lr {args.lr}, learner.delay_s {args.delay}, seed {args.seed}\n"
         f"(`{' '.join(['bench/staleness_ablation.py', *sys.argv[1:]])}`)\n\n{table(results)}\n"
     )
-    print("\n" + text)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{args.name}.md").write_text(text)
-    (args.out / f"{args.name}.json").write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "results": results}, indent=2))
+    publish(args.out, args.name, text, {"args": {k: str(v) for k, v in vars(args).items()}, "results": results})
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ Writes bench/results/weight_sync.{md,json}.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -24,6 +23,7 @@ from pathlib import Path
 
 import torch
 import torch.multiprocessing as mp
+from results_io import publish  # bench/ is on sys.path when a benchmark runs as a script
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -105,10 +105,7 @@ def main() -> None:
                      f"| {r['raw_s'] * 1e3:.1f} ms | {r['bytes'] / r['asyncrl_s'] / 1e9:.2f} | {r['bytes'] / r['raw_s'] / 1e9:.2f} "
                      f"| {r['raw_s'] / r['asyncrl_s']:.2f} |")
     text = "\n".join(lines) + "\n"
-    print(text)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "weight_sync.md").write_text(text)
-    (args.out / "weight_sync.json").write_text(json.dumps(results, indent=2))
+    publish(args.out, "weight_sync", text, results)
 
 
 if __name__ == "__main__":
