@@ -24,7 +24,7 @@ from asyncrl.config import Config
 from asyncrl import learner_group as lg
 from asyncrl.models.value import ValueModel
 from asyncrl.util import pin_to_cores
-from asyncrl.weights import free_port, init_group, plan_buckets, resolve_backend, send_weights, share_weights_ipc, tensor_meta
+from asyncrl.weights import WeightSender, free_port, init_group, plan_buckets, resolve_backend, share_weights_ipc, tensor_meta
 
 
 def _device(name: str) -> torch.device:
@@ -51,6 +51,7 @@ class Learner:
             self.critic_opt = torch.optim.AdamW(self.critic.parameters(), lr=cfg.learner.critic_lr, weight_decay=cfg.learner.weight_decay)
         self.pad_id = self.model.config.pad_token_id or 0
         self.group = None  # the weight-broadcast group (rank 0 only)
+        self.sender: WeightSender | None = None
         self.dp = lg.GroupInfo()  # the learner group; world 1 until init_learner_group
         self.steps_done = 0
         self.skipped_steps = 0
@@ -85,28 +86,43 @@ class Learner:
         return resolve_backend(self.cfg.learner.backend, self.device)
 
     def init_weight_sync(self, host: str, port: int, world_size: int) -> bool:
+        """(Re)build the weight group; a version still in flight to the old group is abandoned."""
+        if self.sender is not None:
+            try:
+                self.sender.wait()
+            except RuntimeError:  # a receiver of the old group died: that is why the group is being rebuilt
+                pass
         self.params = [p for _, p in self.model.named_parameters()]
         self.buckets = plan_buckets(tensor_meta(self.model.named_parameters()), self.cfg.learner.sync_bucket_bytes)
         if self.backend() != "cuda_ipc":
             self.group = init_group(host, port, 0, world_size, self.backend())
+            self.sender = WeightSender(self.group, self.params, self.buckets)
         return True
 
     def broadcast_weights(self) -> dict:
+        """Post the current weights to the group and return without waiting for the engines (see WeightSender):
+        `seconds` is what the learner spent, on a snapshot copy and on completing the previous version."""
         t0 = time.monotonic()
-        with torch.no_grad():
-            sent = send_weights(self.group, self.params, self.buckets)
+        sent = self.sender.publish()
         return {"seconds": time.monotonic() - t0, "bytes": sent}
 
-    def share_weights_ipc(self) -> list:
+    def finish_broadcast(self) -> bool:
+        """Complete the version in flight (before a checkpoint or shutdown); raises if a receiver died."""
+        if self.sender is not None:
+            self.sender.wait()
+        return True
+
+    def share_weights_ipc(self) -> dict:
         """cuda_ipc: pack the weights and return one IPC handle per bucket; the buffers live until release."""
+        t0 = time.monotonic()
         with torch.no_grad():
             handles, self._ipc_buffers = share_weights_ipc(self.params, self.buckets)
-        return handles
-
-    def release_weights_ipc(self) -> int:
         sent = sum(b.numel() * b.element_size() for b in self._ipc_buffers)
+        return {"handles": handles, "seconds": time.monotonic() - t0, "bytes": sent}
+
+    def release_weights_ipc(self) -> bool:
         self._ipc_buffers = []
-        return sent
+        return True
 
     # ---- training ------------------------------------------------------------------
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from asyncrl.weights import TensorMeta, init_group, open_weights_ipc, plan_buckets, receive_weights
+from asyncrl.weights import TensorMeta, WeightReceiver, init_group, open_weights_ipc, plan_buckets
 
 
 class WeightSyncExtension:
@@ -18,7 +18,9 @@ class WeightSyncExtension:
         self._asyncrl_meta = [TensorMeta(n, d, tuple(s)) for n, d, s in meta]
         self._asyncrl_buckets = plan_buckets(self._asyncrl_meta, bucket_bytes)
         if backend != "cuda_ipc":  # IPC needs no group: handles come with each update
-            self._asyncrl_group = init_group(host, port, rank, world_size, backend)
+            group = init_group(host, port, rank, world_size, backend)
+            device = torch.device(self.device) if isinstance(self.device, str) else self.device  # type: ignore[attr-defined]
+            self._asyncrl_receiver = WeightReceiver(group, self._asyncrl_meta, self._asyncrl_buckets, device)
         return True
 
     def asyncrl_receive_weights_ipc(self, handles: list) -> int:
@@ -28,8 +30,6 @@ class WeightSyncExtension:
         return sum(t.numel() * t.element_size() for _, t in weights)
 
     def asyncrl_receive_weights(self) -> int:
-        """Receive every bucket, then load the lot in one `reload_weights` call; returns bytes."""
-        device = torch.device(self.device) if isinstance(self.device, str) else self.device  # type: ignore[attr-defined]
-        weights = list(receive_weights(self._asyncrl_group, self._asyncrl_meta, self._asyncrl_buckets, device))
-        self.model_runner.reload_weights(weights_iterator=weights)  # type: ignore[attr-defined]
-        return sum(t.numel() * t.element_size() for _, t in weights)
+        """Receive every bucket of the next version, then load the lot in one `reload_weights` call; returns bytes."""
+        self.model_runner.reload_weights(weights_iterator=self._asyncrl_receiver.receive())  # type: ignore[attr-defined]
+        return self._asyncrl_receiver.nbytes

@@ -101,6 +101,7 @@ class Controller:
         self.non_finite_streak = 0
         self.cursor_offsets: dict[int, int] = {}
         self.version = 0
+        self.in_flight: tuple[list, bool] | None = None  # (each engine's update_weights ref, cuda_ipc?) of the version being loaded
         self.tokens_t = time.time()
         self.worker_seen: dict[int, dict] = {}  # worker id -> counters at the previous step
         self.trained_total, self.learner_compute_total = 0, 0.0
@@ -116,6 +117,7 @@ class Controller:
         self._init_weight_sync()
         if resume is not None:  # the engines start from the initial model: give them the checkpoint's policy
             self.sync_weights()
+            self.settle_weights()
 
     def _new_worker(self, i: int, cursor: int, first_group: int):
         r = self.cfg.rollout
@@ -144,6 +146,7 @@ class Controller:
         if self.restarts > self.cfg.rollout.max_restarts:
             raise RuntimeError(f"rollout worker {i} died ({why}); rollout.max_restarts={self.cfg.rollout.max_restarts} restarts used up")
         ray.kill(self.workers[i], no_restart=True)
+        self._collect_loads(skip=i)  # the others finish loading the version in flight before the group is rebuilt
         reason = f"rollout worker {i} died while generating this group ({why})"
         groups = ray.get(self.buffer.forfeit.remote(i, self.run_id, self.cfg.rollout.group_size, reason))
         print(f"asyncrl: rollout worker {i} died ({why}); restarting it (restart {self.restarts})", flush=True)
@@ -153,6 +156,7 @@ class Controller:
         self.worker_seen.pop(i, None)  # its counters start again from 0
         self._init_weight_sync()
         self._publish()
+        self.settle_weights()  # the replacement starts generating from the current version
         ray.get(self.workers[i].start.remote())
 
     def _restore(self, checkpoint: Path, state: dict) -> None:
@@ -215,6 +219,7 @@ class Controller:
             sink.log(history[-1], histograms=self.last_histograms)
             if every and ((step + 1) % every == 0 or step + 1 == cfg.run.steps):
                 self.checkpoint(step + 1)
+        self.settle_weights()  # the final version reaches every engine before the loops stop and the evaluation
         ends = ray.get([w.stop.remote() for w in self.workers])
         buffer_counts = ray.get(self.buffer.close.remote())
         after = self.evaluate() if cfg.run.eval else float("nan")
@@ -260,7 +265,7 @@ class Controller:
         batch_ref = ray.put(batch)  # one copy in the object store, whatever the number of learner workers
         metrics = ray.get([a.train_step.remote(batch_ref, self.version) for a in self.learners])[0]
         self.check_non_finite(step, metrics)
-        sync = {"seconds": 0.0, "bytes": 0, "check_s": 0.0, "send_s": 0.0, "load_s": 0.0}
+        sync = {"seconds": 0.0, "bytes": 0, "settle_s": 0.0, "send_s": 0.0, "load_s": 0.0}
         if (step + 1) % self.cfg.learner.sync_every == 0 or step == self.cfg.run.steps - 1:
             sync = self.sync_weights()
         if metrics.get("alert/kl"):
@@ -275,7 +280,7 @@ class Controller:
             "step": step, "policy_version": self.version, "time/step_s": step_s,
             "time/learner_wait_s": waited, "time/learner_wait_frac": waited / step_s, "time/learner_compute_s": compute_s,
             "time/weight_sync_s": sync["seconds"], "time/weight_sync_frac": sync["seconds"] / step_s, "weights/sync_bytes": sync["bytes"],
-            "time/weight_check_s": sync["check_s"], "time/weight_send_s": sync["send_s"], "time/weight_load_s": sync["load_s"],
+            "time/weight_settle_s": sync["settle_s"], "time/weight_send_s": sync["send_s"], "time/weight_load_s": sync["load_s"],
             "samples/trained_total": self.trained_total,
             "samples/effective_rate": self.trained_total / max(metrics["samples/generated_total"], 1),
             "samples/cost_per_1k_effective": 1000 * (metrics["rollout/busy_s_total"] + self.learner_compute_total) / self.trained_total,
@@ -284,41 +289,58 @@ class Controller:
         return metrics
 
     def sync_weights(self) -> dict:
-        """Publish the learner's weights as the next version."""
+        """Publish the learner's weights as the next version, without waiting for the engines to load it.
+
+        The version published before is settled first (every engine has loaded it, or a worker that died
+        doing so is replaced), so at most one version is in flight. The learner's side of the broadcast
+        and the engines' loads overlap the next step's training and generation; what is left on the
+        controller's path is `seconds`."""
         t0 = time.perf_counter()
-        self.worker_stats()  # a dead engine would hang the broadcast: replace it first
-        checked = time.perf_counter()
+        settled = self.settle_weights()
+        waited = time.perf_counter() - t0
         self.version += 1
-        parts = self._publish()
-        return {"seconds": time.perf_counter() - t0, "check_s": checked - t0, **parts}
+        sent = self._publish()
+        return {"seconds": time.perf_counter() - t0, "settle_s": waited, **settled, **sent}
 
     def _publish(self) -> dict:
-        """Send the learner's weights to every engine as `self.version`: bytes, the learner's send seconds and the
-        slowest engine's receive-and-load seconds (the rest of a sync is waiting for a step boundary and Ray)."""
+        """Send the learner's weights to every engine as `self.version`; the loads stay in flight (`settle_weights`)."""
         ipc = self.cfg.learner.weight_transport == "cuda_ipc"
-        handles = ray.get(self.learner.share_weights_ipc.remote()) if ipc else None
-        sender = None if ipc else self.learner.broadcast_weights.remote()
+        sent = ray.get(self.learner.share_weights_ipc.remote() if ipc else self.learner.broadcast_weights.remote())
+        handles = sent.get("handles")
         receivers = [w.update_weights.remote(self.version, handles) for w in self.workers]
-        dead, load_s = [], 0.0
+        self.buffer.set_version.remote(self.version)  # the buffer's calls run in the order they were sent
+        self.in_flight = (receivers, ipc)
+        return {"bytes": sent["bytes"], "send_s": sent["seconds"]}
+
+    def _collect_loads(self, skip: int | None = None) -> tuple[float, list[int]]:
+        """Wait for the version in flight: (slowest engine's receive-and-load seconds, workers that died doing it).
+
+        A peer dying breaks the broadcast for every receiver (gloo fails it on all ranks at once); the survivors
+        keep their previous weights (nothing is loaded before the last bucket is in) and get the version again
+        once the group is rebuilt, so their errors are expected then and only then."""
+        if self.in_flight is None:
+            return 0.0, []
+        (receivers, ipc), self.in_flight = self.in_flight, None
+        dead, errors, load_s = [], [], 0.0
         for i, ref in enumerate(receivers):
             try:
                 load_s = max(load_s, ray.get(ref)["seconds"])
-            except ray.exceptions.RayActorError:  # died mid-update: the others got the weights
+            except ray.exceptions.RayActorError:  # died mid-update
                 dead.append(i)
-        try:
-            if ipc:
-                sent, send_s = ray.get(self.learner.release_weights_ipc.remote()), 0.0
-            else:
-                result = ray.get(sender)
-                sent, send_s = result["bytes"], result["seconds"]
-        except ray.exceptions.RayTaskError:  # the broadcast lost a peer: harmless if that peer is being replaced
-            if not dead:
-                raise
-            sent, send_s = 0, 0.0
-        ray.get(self.buffer.set_version.remote(self.version))
+            except ray.exceptions.RayTaskError as exc:
+                errors.append(exc)
+        if errors and not dead and skip is None:
+            raise errors[0]
+        if ipc:  # the engines have mapped and copied the buckets: the learner may free them
+            ray.get(self.learner.release_weights_ipc.remote())
+        return load_s, [i for i in dead if i != skip]
+
+    def settle_weights(self) -> dict:
+        """Block until every engine has loaded the version in flight; replace the ones that died doing it."""
+        load_s, dead = self._collect_loads()
         for i in dead:  # rebuilds the group and publishes again, to everyone
             self.replace_worker(i, "died during a weight update")
-        return {"bytes": sent, "send_s": send_s, "load_s": load_s}
+        return {"load_s": load_s}
 
     def rollout_metrics(self) -> dict:
         stats = self.worker_stats()

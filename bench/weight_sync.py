@@ -5,11 +5,13 @@
 
 Two processes on this machine form a gloo group through the same function the
 learner uses (vLLM's stateless group, `asyncrl.weights.init_group`). Rank 0
-sends a model's parameters with `send_weights` (bucket plan of
-`learner.sync_bucket_mb`, pack, broadcast) and rank 1 receives them with
-`receive_weights`; then rank 0 broadcasts one flat tensor of the same byte count
-(the raw transport). Reported: seconds and bytes per sync, the bandwidths and
-their ratio. The engine's `reload_weights` is not included here (see
+publishes a model's parameters with `WeightSender` (bucket plan of
+`learner.sync_bucket_mb`, snapshot into persistent buffers, each bucket posted
+as soon as it is packed) and rank 1 receives them with `WeightReceiver`, from a
+common start to the last byte; then rank 0 broadcasts one flat tensor of the
+same byte count (the raw transport). Reported: seconds and bytes per sync, the
+bandwidths and their ratio, and how long `publish` blocks the learner (it
+returns once every bucket is posted; the transfer overlaps the next step). The engine's `reload_weights` is not included here (see
 bench/overlap.py for a sync's full breakdown inside a run).
 Writes bench/results/weight_sync.{md,json}.
 """
@@ -52,7 +54,7 @@ def build_params(size: str) -> list[tuple[str, torch.Tensor]]:
 
 
 def worker(rank: int, port: int, size: str, bucket_mb: float, repeats: int, out: dict) -> None:
-    from asyncrl.weights import TensorMeta, _broadcast, init_group, plan_buckets, receive_weights, send_weights, tensor_meta
+    from asyncrl.weights import WeightReceiver, WeightSender, _broadcast, init_group, plan_buckets, tensor_meta
 
     torch.set_num_threads(1)
     named = build_params(size)
@@ -61,20 +63,27 @@ def worker(rank: int, port: int, size: str, bucket_mb: float, repeats: int, out:
     group = init_group("127.0.0.1", port, rank, 2, "gloo")
     tensors = [t for _, t in named]
     nbytes = sum(m.nbytes for m in meta)
-    timings = {"asyncrl": [], "raw": []}
-    flat = torch.empty(nbytes // 4, dtype=torch.float32)
+    end = WeightSender(group, tensors, buckets) if rank == 0 else WeightReceiver(group, meta, buckets, torch.device("cpu"))
+    flat = torch.zeros(nbytes // 4, dtype=torch.float32)
+    barrier = torch.zeros(1)
+    timings: dict[str, list[float]] = {"asyncrl": [], "raw": [], "blocked": []}
     for _ in range(repeats):
+        _broadcast(group, barrier).wait()  # both ends start together
         t0 = time.perf_counter()
         if rank == 0:
-            send_weights(group, tensors, buckets)
+            end.publish()
+            timings["blocked"].append(time.perf_counter() - t0)  # what the learner waits for before its next step
+            end.wait()
         else:
-            for _name, _view in receive_weights(group, [TensorMeta(m.name, m.dtype, m.shape) for m in meta], buckets, torch.device("cpu")):
-                pass
+            end.receive()
         timings["asyncrl"].append(time.perf_counter() - t0)
+        _broadcast(group, barrier).wait()
         t0 = time.perf_counter()
-        _broadcast(group, flat)
+        _broadcast(group, flat).wait()
         timings["raw"].append(time.perf_counter() - t0)
-    if rank == 1:
+    if rank == 0:
+        out["blocked_s"] = statistics.median(timings["blocked"])
+    else:
         out.update({"size": size, "params": sum(m.numel for m in meta), "bytes": nbytes, "buckets": len(buckets),
                     "asyncrl_s": statistics.median(timings["asyncrl"]), "raw_s": statistics.median(timings["raw"])})
 
@@ -98,12 +107,12 @@ def main() -> None:
     results = [measure(size, args.bucket_mb, args.repeats) for size in args.sizes]
     lines = [f"Weight sync over gloo between two processes on this machine, bucket {args.bucket_mb:g} MB, median of {args.repeats}",
              f"(`bench/weight_sync.py {' '.join(sys.argv[1:])}`)", "",
-             "| model | parameters | bytes | buckets | asyncrl send+receive | raw broadcast | asyncrl GB/s | raw GB/s | ratio |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| model | parameters | bytes | buckets | asyncrl send+receive | raw broadcast | asyncrl GB/s | raw GB/s | ratio | learner blocked |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         lines.append(f"| {r['size']} | {r['params'] / 1e6:.1f} M | {r['bytes'] / 2**20:.1f} MiB | {r['buckets']} | {r['asyncrl_s'] * 1e3:.1f} ms "
                      f"| {r['raw_s'] * 1e3:.1f} ms | {r['bytes'] / r['asyncrl_s'] / 1e9:.2f} | {r['bytes'] / r['raw_s'] / 1e9:.2f} "
-                     f"| {r['raw_s'] / r['asyncrl_s']:.2f} |")
+                     f"| {r['raw_s'] / r['asyncrl_s']:.2f} | {r['blocked_s'] * 1e3:.1f} ms |")
     text = "\n".join(lines) + "\n"
     publish(args.out, "weight_sync", text, results)
 

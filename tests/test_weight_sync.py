@@ -1,5 +1,6 @@
 """Weights arrive: after a broadcast over the real gloo group, the vLLM engine scores a fixed
-sequence exactly as the learner does, and differently from before."""
+sequence exactly as the learner does, and differently from before; the learner may train on
+while a version is in flight without changing what the engine receives."""
 import ray
 
 from actors.learner import Learner
@@ -23,7 +24,9 @@ def test_broadcast_reaches_the_engine(ray_local, random_model_dir, tmp_path):
 
         ray.get(ctl.learner.train_step.remote(fake_samples(), 0))
         learner_after = ray.get(ctl.learner.sequence_logprobs.remote(SEQ))
-        sync = ctl.sync_weights()
+        sync = ctl.sync_weights()  # posts the version and returns: the engine loads it meanwhile
+        ray.get(ctl.learner.train_step.remote(fake_samples(), 1))  # the next step changes the weights at once
+        assert ctl.settle_weights()["load_s"] > 0
         engine_after = ray.get(ctl.workers[0].sequence_logprobs.remote(SEQ))
 
         assert max(abs(a - b) for a, b in zip(engine_after, learner_after)) < 1e-3

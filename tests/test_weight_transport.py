@@ -1,0 +1,50 @@
+"""WeightSender / WeightReceiver over a real two-process gloo group: the receiver gets exactly the
+snapshot taken at `publish`, even while the sender changes its tensors and the receiver comes late."""
+import time
+
+import torch
+import torch.multiprocessing as mp
+
+from asyncrl.weights import WeightReceiver, WeightSender, free_port, init_group, plan_buckets, tensor_meta
+
+VERSIONS = 3
+
+
+def _tensors() -> list[torch.Tensor]:
+    torch.manual_seed(0)
+    return [torch.randn(300, 100), torch.randn(7), torch.randn(50, 40), torch.randn(1000)]
+
+
+def _end(rank: int, port: int, results) -> None:
+    tensors = _tensors()
+    meta = tensor_meta((f"t{i}", t) for i, t in enumerate(tensors))
+    buckets = plan_buckets(meta, 130_000)  # several buckets, one tensor larger than a bucket
+    group = init_group("127.0.0.1", port, rank, 2, "gloo", timeout_s=60)
+    if rank == 0:
+        sender = WeightSender(group, tensors, buckets)
+        for _ in range(VERSIONS):
+            results["sent_bytes"] = sender.publish()
+            for t in tensors:
+                t.mul_(2.0)  # the next optimizer step, while the version travels
+        sender.wait()
+        return
+    receiver = WeightReceiver(group, meta, buckets, torch.device("cpu"))
+    for version in range(VERSIONS):
+        time.sleep(0.3)  # the engine takes the update late
+        got = receiver.receive()
+        results[version] = [(name, t.clone()) for name, t in got]
+
+
+def test_receiver_gets_the_snapshot_taken_at_publish():
+    port = free_port()
+    with mp.Manager() as manager:
+        results = manager.dict()
+        mp.spawn(_end, args=(port, results), nprocs=2, join=True)
+        results = dict(results)
+    original = _tensors()
+    assert results["sent_bytes"] == sum(t.numel() * 4 for t in original)
+    for version in range(VERSIONS):
+        names = [name for name, _ in results[version]]
+        assert names == [f"t{i}" for i in range(len(original))]
+        for (_, got), want in zip(results[version], original):
+            assert torch.equal(got, want * 2.0**version)  # the weights at publish time, not after the later steps
