@@ -24,7 +24,7 @@ from asyncrl.config import Config
 from asyncrl import learner_group as lg
 from asyncrl.models.value import ValueModel
 from asyncrl.util import pin_to_cores
-from asyncrl.weights import WeightSender, free_port, init_group, plan_buckets, resolve_backend, share_weights_ipc, tensor_meta
+from asyncrl.weights import WeightSender, flatten_into_buckets, free_port, init_group, plan_buckets, resolve_backend, share_weights_ipc, tensor_meta
 
 
 def _device(name: str) -> torch.device:
@@ -52,6 +52,7 @@ class Learner:
         self.pad_id = self.model.config.pad_token_id or 0
         self.group = None  # the weight-broadcast group (rank 0 only)
         self.sender: WeightSender | None = None
+        self.flat_weights: list[torch.Tensor] | None = None  # the policy's parameters, one flat buffer per send bucket
         self.dp = lg.GroupInfo()  # the learner group; world 1 until init_learner_group
         self.steps_done = 0
         self.skipped_steps = 0
@@ -95,22 +96,23 @@ class Learner:
         self.params = [p for _, p in self.model.named_parameters()]
         self.buckets = plan_buckets(tensor_meta(self.model.named_parameters()), self.cfg.learner.sync_bucket_bytes)
         if self.backend() != "cuda_ipc":
+            if self.flat_weights is None:  # once: the policy's parameters then live in the send buckets
+                self.flat_weights = flatten_into_buckets(self.params, self.buckets)
             self.group = init_group(host, port, 0, world_size, self.backend())
-            self.sender = WeightSender(self.group, self.params, self.buckets)
+            self.sender = WeightSender(self.group, self.params, self.buckets, buffers=self.flat_weights)
         return True
 
     def broadcast_weights(self) -> dict:
-        """Post the current weights to the group and return without waiting for the engines (see WeightSender):
-        `seconds` is what the learner spent, on a snapshot copy and on completing the previous version."""
+        """Post the current weights to the group and return without waiting for the engines (WeightSender, in place:
+        the next optimizer step waits for the transfer, the forward and backward passes before it do not)."""
         t0 = time.monotonic()
         sent = self.sender.publish()
         return {"seconds": time.monotonic() - t0, "bytes": sent}
 
-    def finish_broadcast(self) -> bool:
-        """Complete the version in flight (before a checkpoint or shutdown); raises if a receiver died."""
+    def _weights_writable(self) -> None:
+        """The weights are about to change: the version in flight must have left them."""
         if self.sender is not None:
             self.sender.wait()
-        return True
 
     def share_weights_ipc(self) -> dict:
         """cuda_ipc: pack the weights and return one IPC handle per bucket; the buffers live until release."""
@@ -191,6 +193,7 @@ class Learner:
             for group in self.opt.param_groups:
                 group["lr"] *= 0.5
         elif a.kl_action == "rollback" and self.last_good is not None:
+            self._weights_writable()
             self.model.load_state_dict(self.last_good[0])
             self.opt.load_state_dict(self.last_good[1])
             metrics["alert/rolled_back"] = 1.0
@@ -230,6 +233,7 @@ class Learner:
             opt.zero_grad(set_to_none=True)
             self.skipped_steps += 1
             return False
+        self._weights_writable()
         opt.step()
         return True
 
@@ -261,6 +265,7 @@ class Learner:
     def load_checkpoint(self, directory: str) -> int:
         """Continue from learner.pt; the reference policy stays the run's initial model. Returns steps done."""
         state = torch.load(f"{directory}/learner.pt", map_location=self.device, weights_only=True)
+        self._weights_writable()
         self.model.load_state_dict(state["model"])
         self.opt.load_state_dict(state["optimizer"])
         if self.critic is not None:

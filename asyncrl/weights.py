@@ -97,29 +97,49 @@ def pack(tensors: list[torch.Tensor], bucket: list[int], out: torch.Tensor | Non
     return torch.cat(flats) if out is None else torch.cat(flats, out=out)
 
 
-class WeightSender:
-    """Rank 0 of the weight group: publishes a snapshot of `tensors` without waiting for the receivers.
+def flatten_into_buckets(params: list[torch.Tensor], buckets: list[list[int]]) -> list[torch.Tensor]:
+    """Move `params` into one contiguous buffer per bucket: each parameter's data becomes a view of its
+    bucket's buffer, so that a bucket is sent as it is, with no packing. The Parameter objects stay the same,
+    so modules, optimizers and `state_dict` see no change (Hugging Face saves such disjoint views correctly)."""
+    meta = tensor_meta((str(i), p) for i, p in enumerate(params))
+    buffers = bucket_buffers(meta, buckets, params[0].device)
+    with torch.no_grad():
+        for bucket, buffer in zip(buckets, buffers):
+            for (_, view), i in zip(unpack(buffer, meta, bucket), bucket):
+                view.copy_(params[i])
+                params[i].data = view
+    return buffers
 
-    `publish` copies each bucket into its own persistent buffer and posts the bucket's broadcast as soon as
-    it is packed, so packing bucket i+1 overlaps sending bucket i; it returns once everything is posted. The
-    buffers are a snapshot: the caller may go on changing `tensors` (the next optimizer step) while the bytes
-    travel. The next `publish` first completes the previous one (`wait`): one version in flight at a time.
-    Costs one more copy of the weights' bytes on the sender.
+
+class WeightSender:
+    """Rank 0 of the weight group: publishes the weights and returns without waiting for the receivers.
+
+    Two ways, one protocol:
+    - in place (`buffers` from `flatten_into_buckets`, what the learner does): the buckets are sent straight from
+      the parameters' own storage, no copy. The owner calls `wait()` before it changes the weights (the learner:
+      before each optimizer step), so forward and backward passes overlap the transfer.
+    - snapshot (no `buffers`): each bucket is first copied into a persistent buffer and posted as soon as it is
+      packed (packing bucket i+1 overlaps sending bucket i); the caller may change `tensors` at once.
+    Either way the next `publish` completes the previous one first: one version in flight at a time.
     """
 
-    def __init__(self, group, tensors: list[torch.Tensor], buckets: list[list[int]]) -> None:
+    def __init__(self, group, tensors: list[torch.Tensor], buckets: list[list[int]], buffers: list[torch.Tensor] | None = None) -> None:
         self.group, self.tensors, self.buckets = group, tensors, buckets
-        meta = tensor_meta((str(i), t) for i, t in enumerate(tensors))
-        self.buffers = bucket_buffers(meta, buckets, tensors[0].device)
+        self.in_place = buffers is not None
+        if buffers is None:
+            meta = tensor_meta((str(i), t) for i, t in enumerate(tensors))
+            buffers = bucket_buffers(meta, buckets, tensors[0].device)
+        self.buffers = buffers
         self.nbytes = sum(b.numel() * b.element_size() for b in self.buffers)
         self.pending: list = []
 
     @torch.no_grad()
     def publish(self) -> int:
-        """Snapshot and post every bucket; returns the bytes posted."""
+        """Post every bucket (snapshot mode: copy it first); returns the bytes posted."""
         self.wait()
         for bucket, buffer in zip(self.buckets, self.buffers):
-            pack(self.tensors, bucket, out=buffer)
+            if not self.in_place:
+                pack(self.tensors, bucket, out=buffer)
             self.pending.append(_broadcast(self.group, buffer))
         return self.nbytes
 

@@ -5,10 +5,11 @@
 
 Two processes on this machine form a gloo group through the same function the
 learner uses (vLLM's stateless group, `asyncrl.weights.init_group`). Rank 0
-publishes a model's parameters with `WeightSender` (bucket plan of
-`learner.sync_bucket_mb`, snapshot into persistent buffers, each bucket posted
-as soon as it is packed) and rank 1 receives them with `WeightReceiver`, from a
-common start to the last byte; then rank 0 broadcasts one flat tensor of the
+publishes a model's parameters with `WeightSender` as the learner does (bucket
+plan of `learner.sync_bucket_mb`, parameters living in their buckets' buffers,
+every bucket posted in place) and rank 1 receives them with `WeightReceiver`
+(persistent buffers, every receive posted at once), from a common start to the
+last byte; then rank 0 broadcasts one flat tensor of the
 same byte count (the raw transport). Reported: seconds and bytes per sync, the
 bandwidths and their ratio, and how long `publish` blocks the learner (it
 returns once every bucket is posted; the transfer overlaps the next step). The engine's `reload_weights` is not included here (see
@@ -54,7 +55,7 @@ def build_params(size: str) -> list[tuple[str, torch.Tensor]]:
 
 
 def worker(rank: int, port: int, size: str, bucket_mb: float, repeats: int, out: dict) -> None:
-    from asyncrl.weights import WeightReceiver, WeightSender, _broadcast, init_group, plan_buckets, tensor_meta
+    from asyncrl.weights import WeightReceiver, WeightSender, _broadcast, flatten_into_buckets, init_group, plan_buckets, tensor_meta
 
     torch.set_num_threads(1)
     named = build_params(size)
@@ -63,7 +64,10 @@ def worker(rank: int, port: int, size: str, bucket_mb: float, repeats: int, out:
     group = init_group("127.0.0.1", port, rank, 2, "gloo")
     tensors = [t for _, t in named]
     nbytes = sum(m.nbytes for m in meta)
-    end = WeightSender(group, tensors, buckets) if rank == 0 else WeightReceiver(group, meta, buckets, torch.device("cpu"))
+    if rank == 0:  # as the learner: parameters in their send buckets, sent in place
+        end = WeightSender(group, tensors, buckets, buffers=flatten_into_buckets(tensors, buckets))
+    else:
+        end = WeightReceiver(group, meta, buckets, torch.device("cpu"))
     flat = torch.zeros(nbytes // 4, dtype=torch.float32)
     barrier = torch.zeros(1)
     timings: dict[str, list[float]] = {"asyncrl": [], "raw": [], "blocked": []}
