@@ -103,9 +103,10 @@ class RolloutWorker:
         self.stop_flag = threading.Event()
         self.thread: threading.Thread | None = None
         self.counters = {"groups_started": 0, "groups_done": 0, "tokens": 0, "busy_s": 0.0, "idle_s": 0.0, "weight_updates": 0,
-                         "resubmitted": 0, "drain_s": 0.0, "reward_errors": 0, "reward_timeouts": 0, "bad_prompts": 0,
+                         "resubmitted": 0, "drain_s": 0.0, "update_s": 0.0, "loop_s": 0.0, "reward_errors": 0, "reward_timeouts": 0, "bad_prompts": 0,
                          "prompts_drawn": 0}  # prompts_drawn: the data cursor a checkpoint records
         self.pending_puts: list = []
+        self.admission = None  # the buffer.admit call in flight, if any
         self.next_group = first_group
         self.max_prompt = cfg.model.max_model_len - r.max_new_tokens
 
@@ -151,6 +152,9 @@ class RolloutWorker:
         if self.thread is not None:
             self.thread.join()
             self.thread = None
+        if self.admission is not None:  # groups admitted as the loop stopped: started and recorded as aborted with the rest
+            self._start_groups(ray.get(self.admission))
+            self.admission = None
         records = [s for g in self.inflight.values() for s in self._abort_records(g)]
         self.engine.abort(list(self._request_ids()))
         self.inflight.clear()
@@ -190,21 +194,44 @@ class RolloutWorker:
             self.error = f"rollout worker {self.id}: {message}"
 
     def _run_loop(self) -> None:
+        """`loop_s` is the loop's wall time: engine steps (`busy_s`), waiting with nothing to run (`idle_s`),
+        weight updates (`update_s`) and the rest, asyncrl's own work (admission calls, scoring, hand-off)."""
+        started = time.monotonic()
+        try:
+            self._loop_steps()
+        finally:
+            self.counters["loop_s"] += time.monotonic() - started
+
+    def _loop_steps(self) -> None:
         next_admit = 0.0
         while not self.stop_flag.is_set() and self.error is None:
             while not self.updates.empty():
                 self._apply(self.updates.get())
-            room = self.cfg.rollout.max_inflight_groups - len(self.inflight)
-            if room > 0 and time.monotonic() >= next_admit:
-                admitted = ray.get(self.buffer.admit.remote(room, self.id))
-                self._start_groups(admitted)
-                next_admit = time.monotonic() + (0.0 if admitted else 0.005)
+            next_admit = self._admit(next_admit)
             if self.engine.has_unfinished():
                 self._step()
             else:
                 t0 = time.monotonic()
-                self.stop_flag.wait(0.005)
+                if self.admission is not None:
+                    ray.wait([self.admission], timeout=0.005)
+                else:
+                    self.stop_flag.wait(0.005)
                 self.counters["idle_s"] += time.monotonic() - t0
+
+    def _admit(self, next_admit: float) -> float:
+        """Start the groups of an answered admission call, and ask for more when there is room; returns when to ask
+        next. The call is not waited for (at most one in flight): the engine steps meanwhile."""
+        if self.admission is not None:
+            if not ray.wait([self.admission], timeout=0)[0]:
+                return next_admit
+            admitted = ray.get(self.admission)
+            self.admission = None
+            self._start_groups(admitted)
+            next_admit = time.monotonic() + (0.0 if admitted else 0.005)
+        room = self.cfg.rollout.max_inflight_groups - len(self.inflight)  # only grows until the answer is in
+        if room > 0 and time.monotonic() >= next_admit:
+            self.admission = self.buffer.admit.remote(room, self.id)
+        return next_admit
 
     def _step(self) -> None:
         t0 = time.monotonic()
@@ -233,6 +260,7 @@ class RolloutWorker:
     def _update(self, version: int, handles: list | None = None) -> dict:
         """Load `version`; running requests are kept, aborted and resubmitted, or drained first (rollout.weight_update)."""
         mode = self.cfg.rollout.weight_update
+        started = time.monotonic()
         if mode == "drain":
             self._drain()
         aborted = self._abort_unfinished() if mode == "abort" else []
@@ -241,6 +269,7 @@ class RolloutWorker:
         self.version = version
         self.counters["weight_updates"] += 1
         self._resubmit(aborted)
+        self.counters["update_s"] += time.monotonic() - started
         return {"seconds": time.monotonic() - t0, "bytes": nbytes, "version": version}
 
     def _drain(self) -> None:
