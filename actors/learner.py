@@ -52,6 +52,7 @@ class Learner:
         self.pad_id = self.model.config.pad_token_id or 0
         self.group = None  # the weight-broadcast group (rank 0 only)
         self.sender: WeightSender | None = None
+        self.weight_wait_s = 0.0  # this step's wait for a version in flight to leave the parameters
         self.flat_weights: list[torch.Tensor] | None = None  # the policy's parameters, one flat buffer per send bucket
         self.dp = lg.GroupInfo()  # the learner group; world 1 until init_learner_group
         self.steps_done = 0
@@ -110,9 +111,11 @@ class Learner:
         return {"seconds": time.monotonic() - t0, "bytes": sent}
 
     def _weights_writable(self) -> None:
-        """The weights are about to change: the version in flight must have left them."""
+        """The weights are about to change: the version in flight must have left them (timed: `time/weight_wait_s`)."""
         if self.sender is not None:
+            t0 = time.monotonic()
             self.sender.wait()
+            self.weight_wait_s += time.monotonic() - t0
 
     def share_weights_ipc(self) -> dict:
         """cuda_ipc: pack the weights and return one IPC handle per bucket; the buffers live until release."""
@@ -130,27 +133,33 @@ class Learner:
 
     def train_step(self, samples: list[dict], version: int) -> dict:
         t0 = time.time()
+        self.weight_wait_s = 0.0
         a = self.cfg.algorithm
         batch = collate(samples, self.pad_id, self.device)
         temp = self.cfg.rollout.temperature
+        fused = self._proximal_from_update()
         with torch.no_grad():  # each worker computes its rows, then all hold the whole batch's
             mine = batch.select(lg.shard(torch.arange(batch.size), self.dp))
-            proximal, entropy = (lg.gather_rows(t, self.dp) for t in token_logprobs(self.model, mine, temp, with_entropy=True))
-            ref = lg.gather_rows(token_logprobs(self.ref_model, mine, temp)[0], self.dp)
+            ref = lg.gather_rows(token_logprobs(self.ref_model, mine, temp)[0], self.dp) if self._reference_needed() else None
             old_values = lg.gather_rows(self.critic(mine), self.dp) if self.critic is not None else None
+            if fused:  # filled in by the update's own forward passes
+                proximal, entropy = torch.zeros_like(batch.behavior_logprobs), torch.zeros_like(batch.behavior_logprobs)
+            else:
+                proximal, entropy = (lg.gather_rows(t, self.dp) for t in token_logprobs(self.model, mine, temp, with_entropy=True))
         mask = batch.response_mask
-        kl_tokens = {k: fn(proximal, ref) * mask for k, fn in KL_ESTIMATORS.items()}  # [B, T] each
-        metrics = {f"kl/ref_{k}": masked_mean(kl, mask).item() for k, kl in kl_tokens.items()}
-        metrics["kl/ref"] = metrics[f"kl/ref_{a.kl_estimator}"]
         in_reward = a.kl_penalty == "reward" and a.kl_coef > 0
+        metrics, kl_tokens = ({}, None) if fused or ref is None else self._kl_metrics(proximal, ref, mask)
         token_rewards = token_level_rewards(batch.rewards, mask, kl_tokens[a.kl_estimator] if in_reward else None, a.kl_coef)
         adv_in = AdvantageInputs(token_rewards.sum(-1), batch.group_index, mask, token_rewards, old_values)
         adv = as_advantages(self.algo.compute_advantages(adv_in, a), mask, self.critic is not None)
         skipped = 0
         if self._kl_guard(metrics):
             def policy_loss(micro: torch.Tensor, sub: Batch) -> LossOutput:
-                logprobs = token_logprobs(self.model, sub, temp)[0]
-                inputs = LossInputs(logprobs, proximal[micro], sub.behavior_logprobs, adv.advantages[micro], sub.response_mask, ref[micro])
+                logprobs, sub_entropy = token_logprobs(self.model, sub, temp, with_entropy=fused)
+                if fused:  # no optimizer step before this forward: its log-probs are the proximal policy's
+                    proximal[micro], entropy[micro] = logprobs.detach(), sub_entropy
+                sub_ref = None if ref is None else ref[micro]
+                inputs = LossInputs(logprobs, proximal[micro], sub.behavior_logprobs, adv.advantages[micro], sub.response_mask, sub_ref)
                 return self.algo.policy_loss(inputs, a)
 
             update_metrics, skipped = self._updates(batch, self.model, self.opt, policy_loss, "loss/policy", "learner/grad_norm")
@@ -163,6 +172,8 @@ class Learner:
                 critic_metrics, critic_skipped = self._updates(batch, self.critic, self.critic_opt, value_loss, "loss/value", "critic/grad_norm")
                 metrics.update(critic_metrics)
                 skipped += critic_skipped
+        if fused and ref is not None:
+            metrics.update(self._kl_metrics(proximal, ref, mask)[0])
         metrics.update(sequence_stats(samples, version))
         metrics.update({
             "kl/behavior": masked_mean(kl_k3(batch.behavior_logprobs, proximal), mask).item(),
@@ -171,6 +182,7 @@ class Learner:
             "learner/skipped_updates": skipped,
             "learner/skipped_total": self.skipped_steps,
             "learner/lr": self.opt.param_groups[0]["lr"],
+            "time/weight_wait_s": self.weight_wait_s,
             "time/train_start": t0,
             "time/train_end": time.time(),
         })
@@ -178,6 +190,27 @@ class Learner:
         if self.cfg.learner.delay_s:
             time.sleep(self.cfg.learner.delay_s)
         return metrics
+
+    def _proximal_from_update(self) -> bool:
+        """True when the policy's log-probs before this step (pi_prox) can come from the update's own forward passes,
+        saving one forward pass over the batch: one mini-batch (no optimizer step before any forward), one learner
+        (the rows stay local), and nothing that needs the KL before the update (a KL alert, KL in the reward)."""
+        a, lcfg = self.cfg.algorithm, self.cfg.learner
+        return lcfg.mini_batches == 1 and self.dp.world == 1 and a.kl_alert <= 0 and not (a.kl_penalty == "reward" and a.kl_coef > 0)
+
+    def _reference_needed(self) -> bool:
+        """The KL is used (penalty, alert) or this is a monitoring step (`algorithm.kl_ref_every`)."""
+        a = self.cfg.algorithm
+        if a.kl_coef > 0 or a.kl_alert > 0:
+            return True
+        return a.kl_ref_every > 0 and self.steps_done % a.kl_ref_every == 0
+
+    def _kl_metrics(self, proximal: torch.Tensor, ref: torch.Tensor, mask: torch.Tensor) -> tuple[dict, dict]:
+        """kl/ref_* of the policy before the step against the reference, and the per-token values [B, T] by estimator."""
+        kl_tokens = {k: fn(proximal, ref) * mask for k, fn in KL_ESTIMATORS.items()}
+        metrics = {f"kl/ref_{k}": masked_mean(kl, mask).item() for k, kl in kl_tokens.items()}
+        metrics["kl/ref"] = metrics[f"kl/ref_{self.cfg.algorithm.kl_estimator}"]
+        return metrics, kl_tokens
 
     def _kl_guard(self, metrics: dict) -> bool:
         """Alert on kl/ref above `algorithm.kl_alert`; returns False when this batch must not be trained on."""

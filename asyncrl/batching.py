@@ -50,11 +50,14 @@ def collate(samples: list[dict], pad_id: int, device: torch.device | str = "cpu"
 
 
 def token_logprobs(model, batch: Batch, temperature: float, with_entropy: bool = False):
-    """(log-probs of each next token [B, T], entropy [B, T] or None), logits divided by temperature."""
+    """(log-probs of each next token [B, T], entropy [B, T] without gradient or None), logits divided by temperature."""
     logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1].float()
     logp = torch.log_softmax(logits / temperature, dim=-1)  # [B, T, V]
     chosen = logp.gather(-1, batch.input_ids[:, 1:, None]).squeeze(-1)  # [B, T]
-    entropy = -(logp.exp() * logp).sum(-1) if with_entropy else None
+    entropy = None
+    if with_entropy:  # a metric: no gradient, and no [B, T, V] graph kept for it
+        with torch.no_grad():
+            entropy = -(logp.exp() * logp).sum(-1)
     return chosen * batch.response_mask, entropy
 
 

@@ -179,6 +179,8 @@ class AlgorithmConfig:
     """KL estimator for the penalty and for `kl/ref`: k1, k2 or k3 (all three are logged)."""
     kl_alert: float = 0.0
     """Raise an alert when kl/ref exceeds this (0: off); see kl_action."""
+    kl_ref_every: int = 1
+    """Run the reference policy's forward pass (the kl/ref metrics) every N learner steps when only monitoring needs it; 0: never. It runs every step regardless when kl_coef > 0 or kl_alert > 0."""
     kl_action: str = "none"
     """On a KL alert: none (log only), reduce_lr (halve the learning rate) or rollback (restore the last weights under the threshold and skip the batch)."""
     loss_agg: str = "token_mean"
@@ -315,6 +317,7 @@ def validate(cfg: Config) -> Config:
     r, b, lr, a = cfg.rollout, cfg.buffer, cfg.learner, cfg.algorithm
     _check(cfg.model.dtype in ("float32", "bfloat16", "float16"), "model.dtype", "must be float32, bfloat16 or float16")
     _check(cfg.model.max_model_len > r.max_new_tokens, "model.max_model_len", "must exceed rollout.max_new_tokens")
+    _check(cfg.algorithm.kl_ref_every >= 0, "algorithm.kl_ref_every", "must be >= 0 (0: no reference pass unless the KL is used)")
     _check(cfg.task.eval_size >= 1, "task.eval_size", "must be >= 1")
     _check(
         cfg.model.path != "tiny" or cfg.task.eval_size <= TINY_HELD_OUT,

@@ -59,6 +59,40 @@ def test_micro_batch_accumulation_matches_whole_batch(random_model_dir, loss_agg
         torch.testing.assert_close(a.grad, b.grad, atol=1e-6, rtol=1e-4)
 
 
+@pytest.mark.parametrize("micro", [16, 3])
+def test_proximal_from_the_update_matches_a_separate_proximal_pass(random_model_dir, micro):
+    # one mini-batch: the update's own forward passes give pi_prox (one pass fewer); a KL alert that never fires
+    # forces the separate no-grad pass. Same gradients, same metrics, over two steps (the second off the first).
+    fused = learner(random_model_dir, f"learner.micro_batch_size={micro}")
+    separate = learner(random_model_dir, f"learner.micro_batch_size={micro}", "algorithm.kl_alert=1e9")
+    assert fused._proximal_from_update() and not separate._proximal_from_update()
+    for step in range(2):
+        samples = fake_samples()
+        if step:  # stale behaviour log-probs: the decoupled weights are not 1
+            for s in samples:
+                s["behavior_logprobs"] = [-1.0, -4.0, -2.0]
+        m_fused, m_separate = fused.train_step(samples, version=step), separate.train_step(samples, version=step)
+        for a, b in zip(fused.model.parameters(), separate.model.parameters()):
+            torch.testing.assert_close(a.grad, b.grad, atol=1e-6, rtol=1e-4)
+        for key in ("kl/ref", "kl/ref_k1", "kl/behavior", "learner/entropy", "loss/policy", "is_ratio/mean", "is_ratio/max"):
+            assert m_fused[key] == pytest.approx(m_separate[key], rel=1e-4, abs=1e-6), key
+    assert m_fused["kl/ref"] > 0  # the second step's policy has moved off the reference
+
+
+def test_reference_pass_every_n_steps_when_only_monitoring(random_model_dir):
+    every_step = learner(random_model_dir)
+    sparse = learner(random_model_dir, "algorithm.kl_ref_every=2")
+    never_but_used = learner(random_model_dir, "algorithm.kl_ref_every=0", "algorithm.kl_coef=0.1")
+    for step in range(3):
+        m_every, m_sparse = every_step.train_step(fake_samples(), step), sparse.train_step(fake_samples(), step)
+        assert ("kl/ref" in m_sparse) == (step % 2 == 0)
+        if step % 2 == 0:
+            assert m_sparse["kl/ref"] == pytest.approx(m_every["kl/ref"], abs=1e-7)
+        for a, b in zip(every_step.model.parameters(), sparse.model.parameters()):  # monitoring only: same update
+            torch.testing.assert_close(a.grad, b.grad)
+        assert "kl/ref" in never_but_used.train_step(fake_samples(), step)  # a KL penalty needs it every step
+
+
 @pytest.mark.parametrize("algorithm", ["grpo", "ppo", "rloo", "reinforce_pp"])
 def test_positive_advantage_raises_its_logprob(random_model_dir, algorithm):
     lrn = learner(random_model_dir, "learner.lr=1e-3", f"algorithm.name={algorithm}")
