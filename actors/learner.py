@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 import time
 
 import ray
@@ -293,6 +294,13 @@ class Learner:
             state.update(critic=self.critic.state_dict(), critic_optimizer=self.critic_opt.state_dict())
         path = f"{directory}/learner.pt"
         torch.save(state, path)
+        return path
+
+    def save_policy(self, path: str) -> str:
+        """The policy's state_dict alone (a snapshot for offline evaluation), written atomically."""
+        tmp = f"{path}.tmp"
+        torch.save(self.model.state_dict(), tmp)
+        os.replace(tmp, path)
         return path
 
     def load_checkpoint(self, directory: str) -> int:

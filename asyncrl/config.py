@@ -221,6 +221,8 @@ class RunConfig:
     """Write a checkpoint (RUN_DIR/checkpoints/) every this many learner steps, and at the end (0: never)."""
     keep_checkpoints: int = 2
     """Checkpoints kept; older ones are deleted after a newer one is complete."""
+    snapshot_every: int = 0
+    """Save the policy's weights alone (state_dict, RUN_DIR/snapshots/step-NNNNNN.pt) every N steps, for offline evaluation of the run's learning curve; 0: never. Cheap: no optimizer state, no trajectory flush."""
     eval: bool = True
     """Greedy held-out accuracy before and after training."""
 
@@ -391,6 +393,7 @@ def validate(cfg: Config) -> Config:
     _check(cfg.run.steps >= 1, "run.steps", "must be >= 1")
     _check(cfg.run.checkpoint_every >= 0, "run.checkpoint_every", "must be >= 0 (0: never)")
     _check(cfg.run.keep_checkpoints >= 1, "run.keep_checkpoints", "must be >= 1")
+    _check(cfg.run.snapshot_every >= 0, "run.snapshot_every", "must be >= 0 (0: never)")
     _check(bool(cfg.run.output_dir), "run.output_dir", "must not be empty")
     return cfg
 

@@ -154,6 +154,11 @@ class Controller:
         self.workers[i] = self._new_worker(i, self.cursors.get(i, 0) + groups, groups)
         self.cursor_offsets[i] = groups  # prompts drawn in this process by worker i's earlier incarnations
         self.worker_seen.pop(i, None)  # its counters start again from 0
+        try:  # its engine is up before the weight group is rebuilt around it (a rank missing there stalls everyone)
+            ray.get(self.workers[i].node_id.remote())
+        except ray.exceptions.RayActorError:
+            self.replace_worker(i, "died while starting")  # bounded by rollout.max_restarts
+            return
         self._init_weight_sync()
         self._publish()
         self.settle_weights()  # the replacement starts generating from the current version
@@ -219,6 +224,9 @@ class Controller:
             sink.log(history[-1], histograms=self.last_histograms)
             if every and ((step + 1) % every == 0 or step + 1 == cfg.run.steps):
                 self.checkpoint(step + 1)
+            if cfg.run.snapshot_every and ((step + 1) % cfg.run.snapshot_every == 0 or step + 1 == cfg.run.steps):
+                (self.run_dir / "snapshots").mkdir(exist_ok=True)
+                ray.get(self.learner.save_policy.remote(str(self.run_dir / "snapshots" / f"step-{step + 1:06d}.pt")))
         self.settle_weights()  # the final version reaches every engine before the loops stop and the evaluation
         ends = ray.get([w.stop.remote() for w in self.workers])
         buffer_counts = ray.get(self.buffer.close.remote())

@@ -9,8 +9,8 @@
    first (the local CPU wheel), then the pinned requirements. The install time
    is printed; it is set-up, not measured.
 2. asyncrl: the default job (configs/default.yaml: one vLLM rollout worker on
-   core 0, the learner on core 1, max_staleness 1) for N steps, a checkpoint
-   every K steps.
+   core 0, the learner on core 1, max_staleness 1) for N steps, the policy's
+   weights saved every K steps (`run.snapshot_every`).
 3. TRL: bench/trl_grpo.py in bench/.venv-trl, GRPOTrainer with the same model,
    task, reward, group size (8), batch (64 samples), learning rate (1e-4
    constant), clip (0.2), no KL, token-mean loss, generation with
@@ -27,9 +27,9 @@ Clocks (both sides: training; start-up, model loading, warm-up and
 evaluation are off the clock):
 - asyncrl: wall time from the start of step 0 (the learner asking for its
   first batch: the pipeline starts empty, so this includes generating it) to
-  the end of the checkpoint's step (its weight sync), from metrics.jsonl's
+  the end of the snapshot's step (its weight sync), from metrics.jsonl's
   timestamps. What the controller does between steps, writing metrics and
-  checkpoints, is ON the clock: the rollout worker keeps generating meanwhile,
+  snapshots, is ON the clock: the rollout worker keeps generating meanwhile,
   and counting the pauses keeps that from flattering asyncrl (the JSON gives
   their total). Off the clock: Ray and engine start-up, the initial
   evaluation (which also warms the engine up) and the final evaluation.
@@ -78,7 +78,7 @@ def asyncrl_points(rows: list[dict], steps: list[int]) -> list[dict]:
     """Training seconds and samples after each of `steps` learner steps, from metrics.jsonl rows.
 
     The clock is wall time from the start of step 0 (the learner asking for its first batch) to the end of step
-    k-1 (its training, then its weight sync), so pauses between steps (writing metrics, checkpoints) are on it:
+    k-1 (its training, then its weight sync), so pauses between steps (writing metrics, snapshots) are on it:
     the rollout worker keeps generating during them, and counting them keeps that from flattering asyncrl.
     Row i holds step i's `time/train_start`/`time/train_end` (unix s), `time/learner_wait_s` (before training),
     `time/weight_sync_s` (after) and `samples/trained_total` after it. Step 0 is the initial model (0 s, 0 samples).
@@ -196,7 +196,7 @@ def snapshot_steps(steps: int, every: int) -> list[int]:
 
 def run_asyncrl(out: Path, steps: int, every: int) -> dict:
     overrides = [f"run.output_dir={out}", f"run.steps={steps}", "logging.wandb=false", "logging.console=false",
-                 f"run.checkpoint_every={every}", "run.keep_checkpoints=1000",
+                 "run.checkpoint_every=0", f"run.snapshot_every={every}",  # the policy's weights alone
                  "algorithm.kl_ref_every=0"]  # TRL at beta 0 has no reference model: no reference pass on either side
     cmd = [sys.executable, "-m", "asyncrl.run", "--config", "configs/default.yaml", *overrides]
     t0 = time.perf_counter()
@@ -207,18 +207,13 @@ def run_asyncrl(out: Path, steps: int, every: int) -> dict:
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
     points = asyncrl_points(rows, snapshot_steps(steps, every))
     for p in points:
-        p["path"] = str(out / "checkpoints" / f"step-{p['step']:06d}" / "learner.pt") if p["step"] else None
+        p["path"] = str(out / "snapshots" / f"step-{p['step']:06d}.pt") if p["step"] else None
     summary = json.loads((out / "summary.json").read_text())
-    by_step = {int(r["step"]): r for r in rows}
-    after_checkpoint = [by_step[k]["time/learner_wait_s"] for k in range(every, steps, every)]
     return {
         "command": shlex.join(cmd[1:]), "process_wall_s": wall, "points": points,
         "learner_wait_s_total": sum(r["time/learner_wait_s"] for r in rows),
-        "learner_wait_s_mean_after_checkpoint": sum(after_checkpoint) / max(len(after_checkpoint), 1),
-        "learner_wait_s_mean_other_steps": (sum(by_step[k]["time/learner_wait_s"] for k in range(1, steps) if k % every)
-                                            / max(sum(1 for k in range(1, steps) if k % every), 1)),
         "weight_sync_s_total": sum(r["time/weight_sync_s"] for r in rows),
-        "between_steps_s_total": points[-1]["train_s"] - sum(r["time/step_s"] for r in rows),  # metrics, checkpoints
+        "between_steps_s_total": points[-1]["train_s"] - sum(r["time/step_s"] for r in rows),  # metrics, snapshots
         "step_s": [r["time/step_s"] for r in rows],
         # asyncrl's own evaluation (vLLM greedy, same 200 problems): a cross-check of the offline evaluator
         "own_eval_before": summary["eval/accuracy_before"], "own_eval_after": summary["eval/accuracy_after"],
@@ -327,7 +322,7 @@ def table(args: argparse.Namespace, mach: dict, sides: dict[str, dict], rs: dict
         lines.append(f"| {level:.2f} | {' | '.join(got)} | " + " | ".join(f"{r:.2f}x" if r else "–" for r in rel) + " |")
     lines += [
         "",
-        "Training seconds: asyncrl, wall time from its first step's start, checkpoint pauses included "
+        "Training seconds: asyncrl, wall time from its first step's start, pauses between steps included "
         f"({a['between_steps_s_total']:.1f} s of them); TRL, the time since `on_train_begin`, snapshot writing excluded. "
         "Both leave out start-up, warm-up and evaluation. Accuracy: greedy, the 200 held-out problems, one "
         "evaluator (HF model + `greedy_accuracy`) for every side; asyncrl's own vLLM evaluation of its run: "
@@ -348,7 +343,7 @@ def table(args: argparse.Namespace, mach: dict, sides: dict[str, dict], rs: dict
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=40, help="optimizer steps on each side (the default job's 40)")
-    parser.add_argument("--save-every", type=int, default=2, help="snapshot / checkpoint every this many steps")
+    parser.add_argument("--save-every", type=int, default=2, help="save the policy every this many steps (both sides)")
     parser.add_argument("--threshold", type=float, default=0.7, help="held-out greedy accuracy both should reach")
     parser.add_argument("--trl-threads", type=int, default=2,
                         help="torch threads for TRL (default both cores; asyncrl runs two single-threaded processes)")

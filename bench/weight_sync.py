@@ -105,11 +105,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", nargs="+", default=["tiny", "0.5b"], choices=sorted(SIZES))
     parser.add_argument("--bucket-mb", type=float, default=64.0, help="learner.sync_bucket_mb")
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, help="syncs per size (default: 50 for tiny, where a sync takes ms, 5 for 0.5b)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = parser.parse_args()
-    results = [measure(size, args.bucket_mb, args.repeats) for size in args.sizes]
-    lines = [f"Weight sync over gloo between two processes on this machine, bucket {args.bucket_mb:g} MB, median of {args.repeats}",
+    results = [measure(size, args.bucket_mb, args.repeats or (50 if size == "tiny" else 5)) for size in args.sizes]
+    lines = [f"Weight sync over gloo between two processes on this machine, bucket {args.bucket_mb:g} MB, median of "
+             f"{args.repeats or '50 (tiny) / 5 (0.5b)'} syncs, after a shared barrier",
              f"(`bench/weight_sync.py {' '.join(sys.argv[1:])}`)", "",
              "| model | parameters | bytes | buckets | asyncrl send+receive | raw broadcast | asyncrl GB/s | raw GB/s | ratio | learner blocked |",
              "|---|---|---|---|---|---|---|---|---|---|"]

@@ -170,3 +170,14 @@ def test_kl_penalty_in_reward_changes_the_advantages(random_model_dir):
     b = shaped.train_step(fake_samples(), version=0)
     assert a["kl/ref"] > 0
     assert a["learner/advantage_abs_mean"] != pytest.approx(b["learner/advantage_abs_mean"])
+
+
+def test_save_policy_writes_the_weights_alone(random_model_dir, tmp_path):
+    lrn = learner(random_model_dir)
+    lrn.train_step(fake_samples(), version=0)
+    path = lrn.save_policy(str(tmp_path / "step-000001.pt"))
+    state = torch.load(path, weights_only=True)
+    assert set(state) == set(lrn.model.state_dict())  # a bare state_dict: no optimizer, no counters
+    for name, tensor in lrn.model.state_dict().items():
+        assert torch.equal(state[name], tensor)
+    assert not list(tmp_path.glob("*.tmp"))
