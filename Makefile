@@ -6,7 +6,7 @@ STAMP := $(VENV)/.asyncrl-installed
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup run smoke test test-fast model bench clean
+.PHONY: setup run smoke test test-all test-fast model bench clean
 
 setup: $(STAMP)
 
@@ -33,7 +33,11 @@ run: $(STAMP)
 smoke: $(STAMP)
 	$(PY) -m asyncrl.run --config configs/smoke.yaml $(ARGS)
 
+# everything but the `extended` repeats (README "Tests"); test-all runs those too
 test: $(STAMP)
+	$(PY) -m pytest -m "not extended" $(PYTEST_ARGS)
+
+test-all: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # measured tables into bench/results/ (about 20 min on 2 cores, the first time a TRL environment is
