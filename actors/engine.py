@@ -12,6 +12,7 @@ the same methods.
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 
 EXTENSION = "actors.vllm_ext.WeightSyncExtension"
@@ -56,6 +57,19 @@ class VLLMEngine:
         from vllm import SamplingParams
 
         return SamplingParams(temperature=temperature, top_p=top_p, max_tokens=max_tokens, logprobs=0)
+
+    def warm_up(self, params, prompt_ids: list[int], n: int = 2) -> float:
+        """Generate `n` throw-away samples with `params`; returns the seconds it took.
+
+        The first sampling step that returns log-probs compiles vLLM's `batched_count_greater_than` (torch.compile,
+        inductor): measured 2.7 s on the CPU against 0.09 s for the next 64-sample batch. Done at start-up, that
+        cost no longer lands on the first training step."""
+        t0 = time.perf_counter()
+        for i in range(n):
+            self.add(f"asyncrl-warm-up-{i}", prompt_ids, params)
+        while self.has_unfinished():
+            self.step()
+        return time.perf_counter() - t0
 
     def add(self, request_id: str, prompt_ids: list[int], params) -> None:
         self.engine.add_request(request_id, {"prompt_token_ids": prompt_ids}, params)

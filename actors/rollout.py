@@ -90,6 +90,7 @@ class RolloutWorker:
             model_path, cfg.model.dtype, cfg.model.max_model_len, cfg.run.seed + worker_id, r.kv_cache_gib, r.gpu_memory_utilization
         )
         self.params = self.engine.sampling_params(r.temperature, r.top_p, r.max_new_tokens)
+        self.engine.warm_up(self.params, self.engine.tokenizer("1+1=").input_ids)
         task = make_task(cfg.task, cfg.run.seed)
         self.prompts = task.train_prompts(seed=cfg.run.seed * 1000 + worker_id, start=start_cursor)
         timeout_s = cfg.task.reward_timeout_s
