@@ -101,7 +101,7 @@ class Learner:
             if self.flat_weights is None:  # once: the policy's parameters then live in the send buckets
                 self.flat_weights = flatten_into_buckets(self.params, self.buckets)
             self.group = init_group(host, port, 0, world_size, self.backend())
-            self.sender = WeightSender(self.group, self.params, self.buckets, buffers=self.flat_weights)
+            self.sender = WeightSender(self.group, self.flat_weights)
         return True
 
     def broadcast_weights(self) -> dict:

@@ -91,10 +91,8 @@ def bucket_buffers(meta: list[TensorMeta], buckets: list[list[int]], device: tor
     return [torch.zeros(sum(meta[i].numel for i in b), dtype=getattr(torch, meta[b[0]].dtype), device=device) for b in buckets]
 
 
-def pack(tensors: list[torch.Tensor], bucket: list[int], out: torch.Tensor | None = None) -> torch.Tensor:
-    """The bucket's tensors, flattened end to end (into `out` when given)."""
-    flats = [tensors[i].detach().reshape(-1) for i in bucket]
-    return torch.cat(flats) if out is None else torch.cat(flats, out=out)
+def pack(tensors: list[torch.Tensor], bucket: list[int]) -> torch.Tensor:
+    return torch.cat([tensors[i].detach().reshape(-1) for i in bucket])
 
 
 def flatten_into_buckets(params: list[torch.Tensor], buckets: list[list[int]]) -> list[torch.Tensor]:
@@ -114,33 +112,21 @@ def flatten_into_buckets(params: list[torch.Tensor], buckets: list[list[int]]) -
 class WeightSender:
     """Rank 0 of the weight group: publishes the weights and returns without waiting for the receivers.
 
-    Two ways, one protocol:
-    - in place (`buffers` from `flatten_into_buckets`, what the learner does): the buckets are sent straight from
-      the parameters' own storage, no copy. The owner calls `wait()` before it changes the weights (the learner:
-      before each optimizer step), so forward and backward passes overlap the transfer.
-    - snapshot (no `buffers`): each bucket is first copied into a persistent buffer and posted as soon as it is
-      packed (packing bucket i+1 overlaps sending bucket i); the caller may change `tensors` at once.
-    Either way the next `publish` completes the previous one first: one version in flight at a time.
+    `buffers` come from `flatten_into_buckets`: the parameters live in them, so each bucket is sent straight from
+    the parameters' own storage, with no copy. The owner calls `wait()` before it changes the weights (the learner:
+    before each optimizer step), so forward and backward passes overlap the transfer. The next `publish` completes
+    the previous one first: one version in flight at a time.
     """
 
-    def __init__(self, group, tensors: list[torch.Tensor], buckets: list[list[int]], buffers: list[torch.Tensor] | None = None) -> None:
-        self.group, self.tensors, self.buckets = group, tensors, buckets
-        self.in_place = buffers is not None
-        if buffers is None:
-            meta = tensor_meta((str(i), t) for i, t in enumerate(tensors))
-            buffers = bucket_buffers(meta, buckets, tensors[0].device)
-        self.buffers = buffers
-        self.nbytes = sum(b.numel() * b.element_size() for b in self.buffers)
+    def __init__(self, group, buffers: list[torch.Tensor]) -> None:
+        self.group, self.buffers = group, buffers
+        self.nbytes = sum(b.numel() * b.element_size() for b in buffers)
         self.pending: list = []
 
-    @torch.no_grad()
     def publish(self) -> int:
-        """Post every bucket (snapshot mode: copy it first); returns the bytes posted."""
+        """Post every bucket; returns the bytes posted."""
         self.wait()
-        for bucket, buffer in zip(self.buckets, self.buffers):
-            if not self.in_place:
-                pack(self.tensors, bucket, out=buffer)
-            self.pending.append(_broadcast(self.group, buffer))
+        self.pending = [_broadcast(self.group, buffer) for buffer in self.buffers]
         return self.nbytes
 
     def wait(self) -> None:

@@ -104,16 +104,17 @@ def main() -> None:
     # not capacity): it counts weight updates, admission calls, scoring and hand-off, what asyncrl adds
     workers = summary["rollout"]
     tokens = sum(w["tokens"] for w in workers)
-    inside = tokens / sum(w["loop_s"] - w["idle_s"] for w in workers)
+    working_s = sum(w["loop_s"] - w["idle_s"] for w in workers)
+    inside = tokens / working_s
     per_busy = tokens / sum(w["busy_s"] for w in workers)  # engine stepping alone
-    update_frac = sum(w["update_s"] for w in workers) / sum(w["loop_s"] - w["idle_s"] for w in workers)
+    update_frac = sum(w["update_s"] for w in workers) / working_s
     result = {
         "t_gen_s": t_gen, "t_train_s": t_train, "t_sync_s": t_sync, "ideal_speedup": ideal,
         "sync_step_s": sync_step, "async_step_s": async_step, "achieved_speedup": achieved, "efficiency": achieved / ideal,
         "sync_learner_wait_frac": median(sync, "time/learner_wait_frac"), "async_learner_wait_frac": median(asyn, "time/learner_wait_frac"),
         "sync_rollout_idle_frac": median(sync, "rollout/idle_frac"), "async_rollout_idle_frac": median(asyn, "rollout/idle_frac"),
         "async_weight_sync_frac": median(asyn, "time/weight_sync_frac"),
-        # where a sync's time goes (async run): waiting for the previous version's loads, learner snapshot+post;
+        # where a sync's time goes (async run): waiting for the previous version's loads, the learner posting buckets;
         # the slowest engine's receive+load runs on the rollout side, overlapping the next step
         **{f"sync_{part}_s": median(asyn, f"time/weight_{part}_s") for part in ("settle", "send", "load")},
         "sync_total_s": median(asyn, "time/weight_sync_s"),
@@ -132,7 +133,7 @@ def main() -> None:
         f"| learner wait, sync → async | {result['sync_learner_wait_frac']:.0%} → {result['async_learner_wait_frac']:.0%} |",
         f"| rollout idle, sync → async | {result['sync_rollout_idle_frac']:.0%} → {result['async_rollout_idle_frac']:.0%} |",
         f"| weight sync / step time (async) (target ≤ 5 %) | {result['async_weight_sync_frac']:.0%} |",
-        f"| a sync on the learner's path (async run): total / settle previous / snapshot+post | "
+        f"| a sync on the learner's path (async run): total / settle previous / post buckets | "
         f"{result['sync_total_s'] * 1e3:.1f} / {result['sync_settle_s'] * 1e3:.1f} / {result['sync_send_s'] * 1e3:.1f} ms |",
         f"| engine receive+load per sync, overlapping the next step (async run) | {result['sync_load_s'] * 1e3:.1f} ms |",
         f"| rollout tokens/s while it has work (loop time minus idle): in asyncrl / vLLM alone | {inside:.0f} / {ceiling:.0f} |",

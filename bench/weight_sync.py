@@ -65,7 +65,7 @@ def worker(rank: int, port: int, size: str, bucket_mb: float, repeats: int, out:
     tensors = [t for _, t in named]
     nbytes = sum(m.nbytes for m in meta)
     if rank == 0:  # as the learner: parameters in their send buckets, sent in place
-        end = WeightSender(group, tensors, buckets, buffers=flatten_into_buckets(tensors, buckets))
+        end = WeightSender(group, flatten_into_buckets(tensors, buckets))
     else:
         end = WeightReceiver(group, meta, buckets, torch.device("cpu"))
     flat = torch.zeros(nbytes // 4, dtype=torch.float32)
