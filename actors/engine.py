@@ -26,6 +26,14 @@ class Finished:
     finish_reason: str
 
 
+def _finished(out) -> Finished:
+    """A finished vLLM request: its sampled tokens (EOS included when it stopped on it), their log-probs, and
+    why it ended: "stop" (EOS or a stop token) or "length" (cut at max_tokens)."""
+    comp = out.outputs[0]
+    lps = [d[t].logprob for d, t in zip(comp.logprobs or [], comp.token_ids)]
+    return Finished(out.request_id, list(comp.token_ids), lps, str(comp.finish_reason))
+
+
 def configure_cpu_env(kv_cache_gib: float) -> None:
     """vLLM reads these at import/start: in-process engine core, a fixed KV cache size."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -77,15 +85,17 @@ class VLLMEngine:
     def has_unfinished(self) -> bool:
         return self.engine.has_unfinished_requests()
 
+    def num_unfinished(self) -> int:
+        """Requests added and not finished: the batch the next `step` runs (waiting ones included)."""
+        return self.engine.get_num_unfinished_requests()
+
     def step(self) -> list[Finished]:
-        done = []
-        for out in self.engine.step():
-            if not out.finished:
-                continue
-            comp = out.outputs[0]
-            lps = [d[t].logprob for d, t in zip(comp.logprobs or [], comp.token_ids)]
-            done.append(Finished(out.request_id, list(comp.token_ids), lps, str(comp.finish_reason)))
-        return done
+        return [_finished(out) for out in self.engine.step() if out.finished]
+
+    def sample(self, prompts: list[list[int]], params) -> list[Finished]:
+        """One sampled response per prompt with `params`, outside the step loop (inspection and tests)."""
+        outs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        return [_finished(o) for o in outs]
 
     def abort(self, request_ids: list[str]) -> None:
         """Drop these requests now, without stepping: the others keep running.

@@ -25,7 +25,8 @@ from asyncrl.config import Config
 from asyncrl import learner_group as lg
 from asyncrl.models.value import ValueModel
 from asyncrl.util import pin_to_cores
-from asyncrl.weights import WeightSender, flatten_into_buckets, free_port, init_group, plan_buckets, resolve_backend, share_weights_ipc, tensor_meta
+from asyncrl import lora as lora_lib
+from asyncrl.weights import WeightSender, bucket_buffers, flatten_into_buckets, unpack, free_port, init_group, plan_buckets, resolve_backend, share_weights_ipc, tensor_meta
 
 
 def _device(name: str) -> torch.device:
@@ -43,9 +44,17 @@ class Learner:
         self.cfg, self.device = cfg, _device(cfg.learner.device)
         dtype = getattr(torch, cfg.model.dtype)
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(self.device)
+        lora = cfg.learner.lora
+        self.lora_modules: list[str] | None = None  # LoRA: the checkpoint modules a weight sync sends, merged
+        if lora.rank > 0:  # the reference policy is this model with the adapter off: no second copy
+            self.model = lora_lib.wrap(self.model, lora.rank, lora.alpha, lora.target_modules, lora.top_layers)
+            self.lora_modules = lora_lib.sync_modules(self.model)
+            self.ref_model = None
+        else:
+            self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
         self.model.train()
-        self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.learner.lr, weight_decay=cfg.learner.weight_decay)
+        trainable = [p for p in self.model.parameters() if p.requires_grad]
+        self.opt = torch.optim.AdamW(trainable, lr=cfg.learner.lr, weight_decay=cfg.learner.weight_decay)
         self.algo = get_algorithm(cfg.algorithm.name)
         self.critic = ValueModel(model_path, dtype).to(self.device) if has_critic(self.algo) else None
         if self.critic is not None:
@@ -54,7 +63,8 @@ class Learner:
         self.group = None  # the weight-broadcast group (rank 0 only)
         self.sender: WeightSender | None = None
         self.weight_wait_s = 0.0  # this step's wait for a version in flight to leave the parameters
-        self.flat_weights: list[torch.Tensor] | None = None  # the policy's parameters, one flat buffer per send bucket
+        self.flat_weights: list[torch.Tensor] | None = None  # what a sync sends, one flat buffer per send bucket
+        self.merge_views: list[torch.Tensor] | None = None  # LoRA: each merged weight's place in flat_weights
         self.dp = lg.GroupInfo()  # the learner group; world 1 until init_learner_group
         self.steps_done = 0
         self.skipped_steps = 0
@@ -80,8 +90,14 @@ class Learner:
     def pick_port(self, host: str) -> int:
         return free_port(host)
 
+    def _sync_tensors(self) -> list[tuple[str, torch.Tensor]]:
+        """(checkpoint name, tensor) of what a sync sends: every parameter, or with LoRA the adapted layers merged."""
+        if self.lora_modules is None:
+            return list(self.model.named_parameters())
+        return lora_lib.merged_named_weights(self.model, self.lora_modules)
+
     def weight_meta(self) -> list[list]:
-        return [[m.name, m.dtype, list(m.shape)] for m in tensor_meta(self.model.named_parameters())]
+        return [[m.name, m.dtype, list(m.shape)] for m in tensor_meta(self._sync_tensors())]
 
     def backend(self) -> str:
         if self.cfg.learner.weight_transport == "cuda_ipc":
@@ -96,9 +112,13 @@ class Learner:
             except RuntimeError:  # a receiver of the old group died: that is why the group is being rebuilt
                 pass
         self.params = [p for _, p in self.model.named_parameters()]
-        self.buckets = plan_buckets(tensor_meta(self.model.named_parameters()), self.cfg.learner.sync_bucket_bytes)
+        meta = tensor_meta(self._sync_tensors())
+        self.buckets = plan_buckets(meta, self.cfg.learner.sync_bucket_bytes)
         if self.backend() != "cuda_ipc":
-            if self.flat_weights is None:  # once: the policy's parameters then live in the send buckets
+            if self.flat_weights is None and self.lora_modules is not None:  # once: buffers the merged weights are written into
+                self.flat_weights = bucket_buffers(meta, self.buckets, self.device)
+                self.merge_views = [v for buf, bucket in zip(self.flat_weights, self.buckets) for _, v in unpack(buf, meta, bucket)]
+            elif self.flat_weights is None:  # once: the policy's parameters then live in the send buckets
                 self.flat_weights = flatten_into_buckets(self.params, self.buckets)
             self.group = init_group(host, port, 0, world_size, self.backend())
             self.sender = WeightSender(self.group, self.flat_weights)
@@ -108,12 +128,18 @@ class Learner:
         """Post the current weights to the group and return without waiting for the engines (WeightSender, in place:
         the next optimizer step waits for the transfer, the forward and backward passes before it do not)."""
         t0 = time.monotonic()
+        if self.merge_views is not None:  # LoRA: merge into the send buffers once the version before has left them
+            self.sender.wait()
+            with torch.no_grad():
+                for view, (_, weight) in zip(self.merge_views, self._sync_tensors()):
+                    view.copy_(weight)
         sent = self.sender.publish()
         return {"seconds": time.monotonic() - t0, "bytes": sent}
 
     def _weights_writable(self) -> None:
-        """The weights are about to change: the version in flight must have left them (timed: `time/weight_wait_s`)."""
-        if self.sender is not None:
+        """The weights are about to change: the version in flight must have left them (timed: `time/weight_wait_s`).
+        With LoRA the send buffers are not the parameters, so nothing waits."""
+        if self.sender is not None and self.merge_views is None:
             t0 = time.monotonic()
             self.sender.wait()
             self.weight_wait_s += time.monotonic() - t0
@@ -141,7 +167,7 @@ class Learner:
         fused = self._proximal_from_update()
         with torch.no_grad():  # each worker computes its rows, then all hold the whole batch's
             mine = batch.select(lg.shard(torch.arange(batch.size), self.dp))
-            ref = lg.gather_rows(token_logprobs(self.ref_model, mine, temp)[0], self.dp) if self._reference_needed() else None
+            ref = lg.gather_rows(self._ref_logprobs(mine, temp), self.dp) if self._reference_needed() else None
             old_values = lg.gather_rows(self.critic(mine), self.dp) if self.critic is not None else None
             if fused:  # filled in by the update's own forward passes
                 proximal, entropy = torch.zeros_like(batch.behavior_logprobs), torch.zeros_like(batch.behavior_logprobs)
@@ -156,18 +182,20 @@ class Learner:
         skipped = 0
         if self._kl_guard(metrics):
             def policy_loss(micro: torch.Tensor, sub: Batch) -> LossOutput:
+                T = sub.width  # the micro-batch is cut to its longest row
                 logprobs, sub_entropy = token_logprobs(self.model, sub, temp, with_entropy=fused)
                 if fused:  # no optimizer step before this forward: its log-probs are the proximal policy's
-                    proximal[micro], entropy[micro] = logprobs.detach(), sub_entropy
-                sub_ref = None if ref is None else ref[micro]
-                inputs = LossInputs(logprobs, proximal[micro], sub.behavior_logprobs, adv.advantages[micro], sub.response_mask, sub_ref)
+                    proximal[micro, :T], entropy[micro, :T] = logprobs.detach(), sub_entropy
+                sub_ref = None if ref is None else ref[micro, :T]
+                inputs = LossInputs(logprobs, proximal[micro, :T], sub.behavior_logprobs, adv.advantages[micro, :T], sub.response_mask, sub_ref)
                 return self.algo.policy_loss(inputs, a)
 
             update_metrics, skipped = self._updates(batch, self.model, self.opt, policy_loss, "loss/policy", "learner/grad_norm")
             metrics.update(update_metrics)
             if self.critic is not None:
                 def value_loss(micro: torch.Tensor, sub: Batch) -> LossOutput:
-                    inputs = ValueLossInputs(self.critic(sub), old_values[micro], adv.returns[micro], sub.response_mask)
+                    T = sub.width
+                    inputs = ValueLossInputs(self.critic(sub), old_values[micro, :T], adv.returns[micro, :T], sub.response_mask)
                     return self.algo.value_loss(inputs, a)
 
                 critic_metrics, critic_skipped = self._updates(batch, self.critic, self.critic_opt, value_loss, "loss/value", "critic/grad_norm")
@@ -198,6 +226,13 @@ class Learner:
         (the rows stay local), and nothing that needs the KL before the update (a KL alert, KL in the reward)."""
         a, lcfg = self.cfg.algorithm, self.cfg.learner
         return lcfg.mini_batches == 1 and self.dp.world == 1 and a.kl_alert <= 0 and not (a.kl_penalty == "reward" and a.kl_coef > 0)
+
+    def _ref_logprobs(self, batch: Batch, temp: float) -> torch.Tensor:
+        """Log-probs of the frozen reference policy [B, T]: the initial model, or with LoRA the adapter switched off."""
+        if self.ref_model is not None:
+            return token_logprobs(self.ref_model, batch, temp)[0]
+        with self.model.disable_adapter():
+            return token_logprobs(self.model, batch, temp)[0]
 
     def _reference_needed(self) -> bool:
         """The KL is used (penalty, alert) or this is a monitoring step (`algorithm.kl_ref_every`)."""
@@ -239,11 +274,14 @@ class Learner:
         and the number of learner workers (each takes its shard of every mini-batch)."""
         lcfg, acc, skipped = self.cfg.learner, {}, 0
         params = list(model.parameters())
+        lengths = batch.attention_mask.sum(-1)  # [B]
         for mini in torch.arange(batch.size).chunk(lcfg.mini_batches):
             opt.zero_grad(set_to_none=True)
             outs = []
-            for micro in lg.shard(mini, self.dp).split(lcfg.micro_batch_size):
-                out = loss_fn(micro, batch.select(micro))
+            rows = lg.shard(mini, self.dp)
+            rows = rows[torch.argsort(lengths[rows], stable=True)]  # similar lengths together: little padding per micro-batch
+            for micro in rows.split(lcfg.micro_batch_size):
+                out = loss_fn(micro, batch.select(micro).trimmed())
                 # a sum over units, divided by their total below; NaN/inf poisons the gradient on
                 # purpose so the grad-norm check skips the whole update
                 (out.loss * out.weight).backward()
@@ -299,7 +337,7 @@ class Learner:
     def save_policy(self, path: str) -> str:
         """The policy's state_dict alone (a snapshot for offline evaluation), written atomically."""
         tmp = f"{path}.tmp"
-        torch.save(self.model.state_dict(), tmp)
+        torch.save(self._plain_model().state_dict(), tmp)
         os.replace(tmp, path)
         return path
 
@@ -318,10 +356,16 @@ class Learner:
         torch.set_rng_state(state["torch_rng"].cpu())
         return self.steps_done
 
+    def _plain_model(self) -> torch.nn.Module:
+        """The policy as an ordinary Hugging Face model (with LoRA: a merged copy; the adapter stays in training)."""
+        if self.lora_modules is None:
+            return self.model
+        return copy.deepcopy(self.model).merge_and_unload()
+
     def save(self, path: str, tokenizer_from: str) -> str:
         from transformers import AutoTokenizer
 
-        self.model.save_pretrained(path)
+        self._plain_model().save_pretrained(path)
         AutoTokenizer.from_pretrained(tokenizer_from).save_pretrained(path)
         return path
 

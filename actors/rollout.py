@@ -41,6 +41,7 @@ still generating is recorded as aborted by `stop()`.
 from __future__ import annotations
 
 import queue
+from collections import deque
 import threading
 import time
 from dataclasses import dataclass, field
@@ -50,7 +51,7 @@ import ray
 from actors.engine import Finished, VLLMEngine
 from asyncrl.config import Config
 from asyncrl.schema import Status, new_sample
-from asyncrl.tasks import Prompt, RewardRunner, RewardThreadsStuck, RewardTimeout, make_reward, make_task
+from asyncrl.tasks import Prompt, RewardRunner, encode_prompt, RewardThreadsStuck, RewardTimeout, make_reward, make_task
 from asyncrl.util import pin_to_cores
 
 
@@ -72,6 +73,9 @@ class _Update:
     done: threading.Event = field(default_factory=threading.Event)
     result: dict = field(default_factory=dict)
 
+
+TRACE_LIMIT = 200_000
+"""Engine steps kept between two drains, the newest (a stalled controller must not grow the worker without bound)."""
 
 REWARD_THREADS = 4
 """Threads per worker for reward calls; a timed-out call holds one until it returns (see RewardRunner)."""
@@ -107,6 +111,7 @@ class RolloutWorker:
                          "resubmitted": 0, "drain_s": 0.0, "update_s": 0.0, "loop_s": 0.0, "reward_errors": 0, "reward_timeouts": 0, "bad_prompts": 0,
                          "prompts_drawn": 0}  # prompts_drawn: the data cursor a checkpoint records
         self.pending_puts: list = []
+        self.trace: deque[tuple[float, int]] = deque(maxlen=TRACE_LIMIT)  # (wall time, requests in the engine) per engine step
         self.admission = None  # the buffer.admit call in flight, if any
         self.next_group = first_group
         self.max_prompt = cfg.model.max_model_len - r.max_new_tokens
@@ -176,6 +181,15 @@ class RolloutWorker:
         rewards = [self.reward(p, self._decode(o)) for p, o in zip(prompts, outs)]
         return sum(rewards) / len(rewards)
 
+    def sample(self, texts: list[str]) -> list[dict]:
+        """One response per prompt text, sampled as in training (only while the loop is stopped): prompt_ids,
+        response_ids, behavior_logprobs and finish_reason, for inspection and tests."""
+        assert self.thread is None, "sample needs the loop stopped"
+        prompts = [self._encode(t) for t in texts]
+        outs = self.engine.sample(prompts, self.params)
+        return [{"prompt_ids": p, "response_ids": o.token_ids, "behavior_logprobs": o.logprobs, "finish_reason": o.finish_reason}
+                for p, o in zip(prompts, outs)]
+
     def sequence_logprobs(self, token_ids: list[int], temperature: float = 1.0) -> list[float]:
         assert self.thread is None, "sequence_logprobs needs the loop stopped"
         return self.engine.sequence_logprobs(token_ids, temperature)
@@ -234,7 +248,13 @@ class RolloutWorker:
             self.admission = self.buffer.admit.remote(room, self.id)
         return next_admit
 
+    def engine_trace(self) -> list[tuple[float, int]]:
+        """(wall time, running requests) of every engine step since the last call (the controller drains it each
+        learner step into RUN_DIR/engine_trace.jsonl): where few requests run, the engine waits on the tail."""
+        return [self.trace.popleft() for _ in range(len(self.trace))]  # deque: safe against the loop's appends
+
     def _step(self) -> None:
+        self.trace.append((time.time(), self.engine.num_unfinished()))
         t0 = time.monotonic()
         finished = self.engine.step()
         self.counters["busy_s"] += time.monotonic() - t0
@@ -407,11 +427,7 @@ class RolloutWorker:
         """The prompt's token ids; BadPrompt when it is empty or leaves no room for `rollout.max_new_tokens`."""
         if not text.strip():
             raise BadPrompt("empty prompt")
-        tok = self.engine.tokenizer
-        if self.cfg.task.chat:
-            ids = list(tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True))
-        else:
-            ids = tok(text).input_ids
+        ids = encode_prompt(self.engine.tokenizer, text, self.cfg.task.chat)
         if not ids:
             raise BadPrompt("prompt encodes to 0 tokens")
         if len(ids) > self.max_prompt:

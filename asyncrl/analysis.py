@@ -34,6 +34,7 @@ class Run:
     trajectories: pa.Table  # every recorded sample (asyncrl.schema.SAMPLE_SCHEMA)
     config: dict | None = None
     summary: dict | None = None  # None: the run did not finish (killed, crashed, still running)
+    engine_trace: list[dict] = field(default_factory=list)  # engine_trace.jsonl: {step, worker, t: [...], running: [...]}
 
     @property
     def finished(self) -> bool:
@@ -61,7 +62,8 @@ def load_run(run_dir: str | Path) -> Run:
         raise FileNotFoundError(f"{path} has neither metrics.jsonl nor trajectories/: not an asyncrl run directory")
     config = yaml.safe_load((path / "config.yaml").read_text()) if (path / "config.yaml").is_file() else None
     summary = json.loads((path / "summary.json").read_text()) if (path / "summary.json").is_file() else None
-    return Run(path, read_metrics(path / "metrics.jsonl"), read_trajectories(path / "trajectories"), config, summary)
+    trace = read_metrics(path / "engine_trace.jsonl")  # the same torn-last-line tolerance
+    return Run(path, read_metrics(path / "metrics.jsonl"), read_trajectories(path / "trajectories"), config, summary, trace)
 
 
 @dataclass
@@ -298,6 +300,25 @@ def jsonable(value: object) -> object:
     return value
 
 
+LENGTH_QUANTILES = (0.5, 0.9, 0.99)
+
+
+def response_lengths(table: pa.Table) -> dict | None:
+    """Distribution of generated response lengths (samples that produced tokens, whatever their status):
+    p50 / p90 / p99 / max, and how each finish reason ("stop": EOS, "length": cut at max_new_tokens) counts."""
+    generated = table.filter(pc.greater(pc.list_value_length(table.column("response_ids")), 0)) if table.num_rows else table
+    if not generated.num_rows:
+        return None
+    lengths = pc.list_value_length(generated.column("response_ids"))
+    quantiles = pc.quantile(lengths, q=list(LENGTH_QUANTILES), interpolation="lower").to_pylist()
+    reasons = pc.value_counts(pc.fill_null(generated.column("finish_reason"), "none")).to_pylist()
+    return {
+        "samples": generated.num_rows, "mean": pc.mean(lengths).as_py(), "max": pc.max(lengths).as_py(),
+        **{f"p{round(q * 100)}": v for q, v in zip(LENGTH_QUANTILES, quantiles)},
+        "finish_reasons": {r["values"]: r["counts"] for r in reasons},
+    }
+
+
 def report(run: Run) -> dict:
     """Everything `python -m asyncrl.inspect` shows, as one JSON-able dict."""
     t = run.trajectories
@@ -315,6 +336,7 @@ def report(run: Run) -> dict:
         "samples": {"by_status": status_counts(t), "total": t.num_rows, "effective_rate": effective_sample_rate(t)},
         # only a finished run has every generated sample recorded (see rollout_cost)
         "rollout_cost": rollout_cost(t) if run.finished else None,
+        "response_lengths": response_lengths(t),
         "by_version": by_version(t, run.metrics),
         "drift": {key: drift_attribution(run.metrics, t, key) for key in DRIFT_KEYS},
         "bottleneck": str(verdict),

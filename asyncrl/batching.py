@@ -24,8 +24,20 @@ class Batch:
     def size(self) -> int:
         return self.input_ids.shape[0]
 
+    @property
+    def width(self) -> int:
+        """T, the token positions of the per-token tensors."""
+        return self.response_mask.shape[1]
+
     def select(self, index: torch.Tensor) -> "Batch":
         return Batch(**{f.name: getattr(self, f.name)[index] for f in fields(self)})
+
+    def trimmed(self) -> "Batch":
+        """The same rows cut to the longest one (right padding only): the first `width` positions of every
+        per-token tensor of the batch it came from."""
+        L = int(self.attention_mask.sum(-1).max())
+        return Batch(self.input_ids[:, :L], self.attention_mask[:, :L], self.response_mask[:, : L - 1],
+                     self.behavior_logprobs[:, : L - 1], self.rewards, self.group_index)
 
 
 def collate(samples: list[dict], pad_id: int, device: torch.device | str = "cpu") -> Batch:
@@ -71,6 +83,19 @@ def sequence_stats(samples: list[dict], version: int) -> dict[str, float]:
         "reward/std": rewards.std().item() if len(samples) > 1 else 0.0,
         "staleness/mean": stale.mean().item(),
         "staleness/max": stale.max().item(),
-        "samples/response_len_mean": lengths.mean().item(),
+        **response_length_stats(lengths, [s["finish_reason"] for s in samples]),
         "samples/trained": float(len(samples)),
+    }
+
+
+def response_length_stats(lengths: torch.Tensor, finish_reasons: list[str | None]) -> dict[str, float]:
+    """Mean, p50, p90 and max response length [B] in tokens, and the fraction cut at `rollout.max_new_tokens`
+    (finish_reason "length"): the tail a synchronous trainer waits on."""
+    q = torch.quantile(lengths, torch.tensor([0.5, 0.9])).tolist()  # linear interpolation between ranks
+    return {
+        "samples/response_len_mean": lengths.mean().item(),
+        "samples/response_len_p50": q[0],
+        "samples/response_len_p90": q[1],
+        "samples/response_len_max": lengths.max().item(),
+        "samples/truncated_frac": sum(r == "length" for r in finish_reasons) / len(finish_reasons),
     }

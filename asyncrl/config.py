@@ -47,6 +47,8 @@ class TaskConfig:
     """Reward by registered name, or a user function by dotted path (pkg.module.fn)."""
     digits: int = 2
     """Operand digits for the addition task."""
+    steps: int = 2
+    """task.name=word_problems: most operations in one problem (each problem draws 1..steps)."""
     eval_size: int = 200
     """Held-out problems for greedy evaluation before and after training."""
     path: str = ""
@@ -110,6 +112,18 @@ class BufferConfig:
 
 
 @dataclass
+class LoRAConfig:
+    rank: int = 0
+    """LoRA rank; 0 trains the whole model. With rank > 0 only the adapter (peft) is trained and optimised, the reference policy is the model with the adapter off, and a weight sync sends the merged weights of the adapted layers only (asyncrl/lora.py)."""
+    alpha: float = 32.0
+    """LoRA scaling numerator: the adapter's delta is (alpha / rank) * B @ A."""
+    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+    """Names of the linear layers that get an adapter (every attention and MLP projection of Llama/Qwen models by default)."""
+    top_layers: int = 0
+    """Adapt only the last this many decoder layers (0: all). The backward pass stops below the lowest adapted layer and a sync sends fewer weights: on a CPU the cheapest way to make a learner step fit."""
+
+
+@dataclass
 class LearnerConfig:
     lr: float = 1e-4
     """AdamW learning rate."""
@@ -149,6 +163,8 @@ class LearnerConfig:
     """Learning rate of the value model (algorithms with a critic, e.g. ppo)."""
     max_non_finite_steps: int = 5
     """Stop the run (after a checkpoint) when this many steps in a row skipped every update for a non-finite loss, ratio or gradient."""
+    lora: LoRAConfig = field(default_factory=LoRAConfig)
+    """LoRA RL (learner.lora.rank > 0) instead of full fine-tuning."""
     delay_s: float = 0.0
     """Sleep this long after each learner step. Only for ablations: it emulates a slower learner so that rollouts run ahead and staleness becomes real (bench/staleness_ablation.py). Keep 0."""
 
@@ -327,6 +343,7 @@ def validate(cfg: Config) -> Config:
         f"must be <= {TINY_HELD_OUT} with model.path=tiny (its warm-start held out only that many problems)",
     )
     _check(1 <= cfg.task.digits <= 6, "task.digits", "must be in 1..6")
+    _check(cfg.task.steps >= 1, "task.steps", "must be >= 1")
     _check(cfg.task.name != "jsonl" or bool(cfg.task.path), "task.path", "must name a JSONL file when task.name=jsonl")
     _check(cfg.task.reward_timeout_s > 0, "task.reward_timeout_s", "must be > 0")
     _check(cfg.task.max_consecutive_reward_failures >= 1, "task.max_consecutive_reward_failures", "must be >= 1")
@@ -371,6 +388,13 @@ def validate(cfg: Config) -> Config:
     _check(a.value_clip > 0, "algorithm.value_clip", "must be > 0")
     _check(lr.critic_lr > 0, "learner.critic_lr", "must be > 0")
     _check(lr.delay_s >= 0, "learner.delay_s", "must be >= 0")
+    _check(lr.lora.rank >= 0, "learner.lora.rank", "must be >= 0 (0: full fine-tuning)")
+    _check(lr.lora.top_layers >= 0, "learner.lora.top_layers", "must be >= 0 (0: every layer)")
+    _check(lr.lora.alpha > 0, "learner.lora.alpha", "must be > 0")
+    _check(lr.lora.rank == 0 or bool(lr.lora.target_modules), "learner.lora.target_modules", "must name at least one module")
+    _check(
+        lr.lora.rank == 0 or lr.weight_transport == "broadcast", "learner.lora.rank", "LoRA syncs merged weights by broadcast; cuda_ipc is not supported with it"
+    )
     _check(lr.max_non_finite_steps >= 1, "learner.max_non_finite_steps", "must be >= 1")
     _check(lr.num_workers >= 1, "learner.num_workers", "must be >= 1")
     _check(lr.weight_transport in ("broadcast", "cuda_ipc"), "learner.weight_transport", "must be broadcast or cuda_ipc")

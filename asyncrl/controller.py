@@ -284,6 +284,7 @@ class Controller:
         self.trained_total += len(batch)
         self.learner_compute_total += compute_s * len(self.learners)
         metrics.update(self.rollout_metrics())
+        metrics.update(self.record_engine_trace(step))
         metrics.update({
             "step": step, "policy_version": self.version, "time/step_s": step_s,
             "time/learner_wait_s": waited, "time/learner_wait_frac": waited / step_s, "time/learner_compute_s": compute_s,
@@ -378,6 +379,20 @@ class Controller:
             "buffer/buffered_groups": buf["buffered_groups"], "buffer/refused_admissions": buf["refused_admissions"],
             "buffer/dropped_stale": buf["dropped_stale"], "buffer/dropped_error": buf["dropped_error"],
         }
+
+    def record_engine_trace(self, step: int) -> dict:
+        """Append every worker's engine steps since the last learner step to RUN_DIR/engine_trace.jsonl (one line per
+        worker and learner step: wall times and running requests); returns the running-request metrics."""
+        traces = ray.get([w.engine_trace.remote() for w in self.workers])
+        running = [n for trace in traces for _, n in trace]
+        with open(self.run_dir / "engine_trace.jsonl", "a") as f:
+            for i, trace in enumerate(traces):
+                if trace:
+                    f.write(json.dumps({"step": step, "worker": i, "t": [round(t, 4) for t, _ in trace], "running": [n for _, n in trace]}) + "\n")
+        if not running:
+            return {}
+        return {"rollout/running_mean": sum(running) / len(running), "rollout/running_min": float(min(running)),
+                "rollout/engine_steps": float(len(running))}
 
     def shutdown(self) -> None:
         for actor in [*self.workers, *self.learners, self.buffer]:

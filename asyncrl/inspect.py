@@ -1,7 +1,9 @@
 """See inside a run: ``python -m asyncrl.inspect RUN_DIR [--json] [--export OUT.jsonl --status consumed ...]``.
 
 Works on a finished run and on one killed mid-way. Prints the samples by
-status, the effective-sample rate, reward and length by policy version, which
+status, the effective-sample rate, the response-length distribution (p50 / p90 /
+p99 / max, and how many stopped on EOS or were cut at the limit), reward and
+length by policy version, which
 learner steps moved kl/ref and reward the most, and the bottleneck verdict.
 The numbers come from `asyncrl.analysis`; this module only parses and formats.
 Exit status 2, with one line on stderr, when RUN_DIR is not a readable run.
@@ -74,6 +76,15 @@ def format_text(rep: dict) -> str:
             f"rollout cost           {cost['per_1000_effective']:.1f} worker-s per 1000 effective samples "
             f"({cost['worker_seconds']:.1f} s over {cost['workers']} worker(s), first submission to last generation)"
         )
+
+    lengths = rep["response_lengths"]
+    lines += ["", "response lengths (tokens, every generated sample)"]
+    if lengths is None:
+        lines.append("  no generated samples recorded")
+    else:
+        reasons = ", ".join(f"{k} {v}" for k, v in sorted(lengths["finish_reasons"].items()))
+        lines.append(f"  mean {lengths['mean']:.1f}  p50 {lengths['p50']}  p90 {lengths['p90']}  p99 {lengths['p99']}  max {lengths['max']}"
+                     f"  (finish: {reasons})")
 
     lines += ["", "reward / response length by policy version (consumed samples; kl/ref of the steps trained at it)"]
     if rep["by_version"]:

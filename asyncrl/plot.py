@@ -1,6 +1,7 @@
 """Plots of a run directory: `python -m asyncrl.plot RUN_DIR [--out DIR]`.
 
-Writes reward.png, kl.png, is_ratio.png, staleness.png and timeline.png into
+Writes reward.png, kl.png, is_ratio.png, staleness.png, timeline.png, running.png
+(requests in each engine per engine step) and lengths.png (response lengths) into
 RUN_DIR/plots/ (or --out) and prints each path. A figure whose data the run
 lacks (a metric never logged, no trajectories yet) is skipped, not an error, so
 a run killed mid-way plots what it has.
@@ -165,12 +166,51 @@ def timeline_figure(run: Run) -> Figure | None:
     return fig
 
 
+def running_figure(run: Run) -> Figure | None:
+    """Requests in each engine at every engine step, over time, against the learner's training windows: where the
+    count falls to a few, the engine is finishing the long tail (in synchronous mode, with the learner waiting)."""
+    if not run.engine_trace:
+        return None
+    windows = train_windows(run.metrics)
+    points: dict[int, tuple[list[float], list[int]]] = {}
+    for row in run.engine_trace:
+        t, n = points.setdefault(row["worker"], ([], []))
+        t.extend(row["t"])
+        n.extend(row["running"])
+    t0 = min([min(t) for t, _ in points.values()] + [a for a, _ in windows])
+    fig, ax = new_figure(9.0, 3.6)
+    for a, b in windows:
+        ax.axvspan(a - t0, b - t0, color="tab:orange", alpha=0.12, linewidth=0)
+    for worker, (t, n) in sorted(points.items()):
+        ax.step([x - t0 for x in t], n, where="post", linewidth=0.8, label=f"rollout w{worker}")
+    ax.set(title="Running requests per engine step (shaded: learner training)", xlabel="seconds since run start", ylabel="requests")
+    ax.set_ylim(bottom=0)
+    ax.legend(loc="best")
+    return fig
+
+
+def length_figure(run: Run) -> Figure | None:
+    """Histogram of generated response lengths, those cut at the limit apart: the tail a synchronous step waits on."""
+    rows = [(len(ids), reason) for ids, reason in zip(column(run, "response_ids"), column(run, "finish_reason")) if ids]
+    if not rows:
+        return None
+    fig, ax = new_figure()
+    stopped = [n for n, reason in rows if reason != "length"]
+    cut = [n for n, reason in rows if reason == "length"]
+    ax.hist([stopped, cut], bins=40, stacked=True, label=["ended (EOS)", "cut at max_new_tokens"], color=["tab:blue", "tab:red"])
+    ax.set(title=f"Response lengths (n={len(rows)})", xlabel="tokens", ylabel="samples")
+    ax.legend(loc="best")
+    return fig
+
+
 FIGURES: dict[str, Callable[[Run], Figure | None]] = {
     "reward.png": reward_figure,
     "kl.png": kl_figure,
     "is_ratio.png": is_ratio_figure,
     "staleness.png": staleness_figure,
     "timeline.png": timeline_figure,
+    "running.png": running_figure,
+    "lengths.png": length_figure,
 }
 
 

@@ -7,6 +7,9 @@ reward function has the signature ``reward(prompt: Prompt, response: str) -> flo
 Built-in tasks:
 - ``addition``: multi-digit addition; the prompt is ``"37+85="`` and the
   reward (``exact_match``) is 1.0 when the response is exactly the sum.
+- ``word_problems``: arithmetic word problems of 1 to `task.steps` operations for instruct models
+  ("Ben has 4 pencils. Ben loses 1 pencils. How many ...? End your reply with ... 'Answer: N'."),
+  rewarded by ``numeric_match`` on the response's last number.
 - ``jsonl``: prompts and reference answers from a local JSONL file
   (`task.path`, e.g. GSM8K's ``{"question": ..., "answer": "... #### 72"}``
   with ``prompt_key: question``); the last `eval_size` records are held out.
@@ -88,6 +91,71 @@ class AdditionTask:
         for i, (a, b) in enumerate(self.train_pairs(seed)):
             if i >= start:
                 yield self._prompt(a, b)
+
+
+NAMES = ("Ana", "Ben", "Carla", "Dev", "Eli", "Fay", "Gus", "Hana", "Ivan", "Jo", "Kai", "Lena", "Mo", "Nia", "Omar", "Pia")
+ITEMS = ("apples", "pencils", "stickers", "marbles", "cookies", "books", "coins", "stamps", "shells", "cards")
+ANSWER_FORMAT = "\nEnd your reply with the final answer in the form 'Answer: N'."
+
+
+def word_problem(rng: random.Random, steps: int) -> tuple[str, int]:
+    """A word problem of `steps` operations (add, take away, multiply by 2-4) on a count of objects, and its answer.
+    Counts stay positive; multiplying is offered only while the count is at most 10."""
+    name, item = rng.choice(NAMES), rng.choice(ITEMS)
+    total = rng.randint(2, 20)
+    parts = [f"{name} has {total} {item}."]
+    for _ in range(steps):
+        op = rng.choice(("add", "sub", "mul") if total <= 10 else ("add", "sub"))
+        if op == "add":
+            b = rng.randint(2, 15)
+            total += b
+            parts.append(rng.choice((f"Then {name} gets {b} more.", f"A friend gives {name} {b} more {item}.")))
+        elif op == "sub" and total > 2:
+            b = rng.randint(1, total - 1)
+            total -= b
+            parts.append(rng.choice((f"Then {name} gives away {b}.", f"{name} loses {b} {item}.")))
+        else:
+            b = rng.randint(2, 4)
+            total *= b
+            parts.append(f"Then the number of {item} {name} has becomes {b} times as many.")
+    parts.append(f"How many {item} does {name} have now?")
+    return " ".join(parts), total
+
+
+class WordProblemTask:
+    """Arithmetic word problems of 1 to `steps` operations, asked for an 'Answer: N' ending (pair with
+    ``numeric_match``, which reads the response's last number). Procedural, so nothing is downloaded; the
+    held-out problems never appear in training. Built for instruct models with `task.chat`: SmolLM2-135M-Instruct
+    reasons at very different lengths on them (README, "A real model")."""
+
+    name = "word_problems"
+
+    def __init__(self, steps: int = 2, eval_size: int = 200, seed: int = 0) -> None:
+        if steps < 1:
+            raise ValueError(f"task.steps must be >= 1, got {steps}")
+        self.steps = steps
+        rng = random.Random(f"word-problems-eval-{seed}")
+        evals: dict[str, int] = {}
+        while len(evals) < eval_size:
+            text, answer = word_problem(rng, rng.randint(1, steps))
+            evals.setdefault(text, answer)
+        self._eval = [Prompt(f"eval-{i}", text + ANSWER_FORMAT, str(a)) for i, (text, a) in enumerate(evals.items())]
+        self._eval_texts = frozenset(evals)
+
+    def eval_prompts(self) -> list[Prompt]:
+        return list(self._eval)
+
+    def train_prompts(self, seed: int, start: int = 0) -> Iterator[Prompt]:
+        """Endless problems outside the eval set, deterministic for `seed`; `start` skips that many (a data cursor)."""
+        rng = random.Random(f"word-problems-train-{seed}")
+        i = 0
+        while True:
+            text, answer = word_problem(rng, rng.randint(1, self.steps))
+            if text in self._eval_texts:
+                continue
+            if i >= start:
+                yield Prompt(f"train-{seed}-{i}", text + ANSWER_FORMAT, str(answer))
+            i += 1
 
 
 class JsonlTask:
@@ -179,8 +247,19 @@ def exact_match(prompt: Prompt, response: str) -> float:
     return 1.0 if response.strip() == prompt.answer else 0.0
 
 
-TASKS = ("addition", "jsonl")
+TASKS = ("addition", "jsonl", "word_problems")
 REWARDS: dict[str, RewardFn] = {"exact_match": exact_match, "numeric_match": numeric_match}
+
+
+def encode_prompt(tokenizer, text: str, chat: bool) -> list[int]:
+    """The token ids the engine is given for a prompt: the text as it is, or (`task.chat`) one user turn in the
+    tokenizer's chat template with the assistant's turn opened. The template is rendered to text and encoded
+    without adding special tokens again: `apply_chat_template(tokenize=True)` returns a `BatchEncoding` in
+    transformers 5, whose `list()` is its key names, and a BOS the template already holds must not be doubled."""
+    if not chat:
+        return list(tokenizer(text).input_ids)
+    rendered = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False)
+    return list(tokenizer(rendered, add_special_tokens=False).input_ids)
 
 
 def load_object(dotted: str) -> object:
@@ -197,10 +276,12 @@ def load_object(dotted: str) -> object:
     return getattr(module, attr)
 
 
-def make_task(cfg, seed: int) -> AdditionTask | JsonlTask:
+def make_task(cfg, seed: int) -> AdditionTask | JsonlTask | WordProblemTask:
     """The task a `TaskConfig` names."""
     if cfg.name == "addition":
         return AdditionTask(digits=cfg.digits, eval_size=cfg.eval_size, seed=seed)
+    if cfg.name == "word_problems":
+        return WordProblemTask(steps=cfg.steps, eval_size=cfg.eval_size, seed=seed)
     if cfg.name == "jsonl":
         return JsonlTask(cfg.path, cfg.prompt_key, cfg.answer_key, cfg.template, cfg.eval_size)
     raise ValueError(f"unknown task {cfg.name!r}; built-in: {', '.join(TASKS)}")

@@ -1,4 +1,4 @@
-"""Shared fixtures: a random tiny model (fast), the warm-started tiny model (cached), and a Ray cluster."""
+"""Shared fixtures: a random tiny model (fast), the warm-started tiny model and SmolLM2 (cached), and a Ray cluster."""
 from __future__ import annotations
 
 import os
@@ -29,6 +29,15 @@ def tiny_model_dir() -> str:
     from asyncrl.models.tiny import resolve_model_path
 
     return str(resolve_model_path("tiny", digits=2, seed=0, cache_dir=str(ROOT / ".cache/models")))
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> str:
+    """SmolLM2-135M-Instruct converted from its PyPI wheel into the repo cache (once, about a minute), as
+    `model.path=smollm2-135m-instruct` does."""
+    from asyncrl.models.tiny import resolve_model_path
+
+    return str(resolve_model_path("smollm2-135m-instruct", digits=2, seed=0, cache_dir=str(ROOT / ".cache/models")))
 
 
 @pytest.fixture(scope="module")

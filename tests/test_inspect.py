@@ -28,6 +28,7 @@ from asyncrl.analysis import (
     export_jsonl,
     load_run,
     report,
+    response_lengths,
     rollout_cost,
     select,
     status_counts,
@@ -56,6 +57,16 @@ def inspect_cli(*args: str) -> subprocess.CompletedProcess:
 
 
 # ---- pure functions -------------------------------------------------------------------------
+
+
+def test_response_length_distribution_and_finish_reasons():
+    rows = [sample(n=n, finish_reason="stop") for n in (1, 2, 3, 4, 5, 6, 7, 8)] + [sample(n=10, finish_reason="length")]
+    rows.append(sample(status="dropped_error", n=0))  # a bad prompt: nothing generated, not a length
+    got = response_lengths(table(*rows))
+    # lengths 1..8, 10; "lower" quantiles: p50 -> index 4 (5), p90 -> index 7 (8), p99 -> index 7 (8)
+    assert got == {"samples": 9, "mean": pytest.approx(46 / 9), "max": 10, "p50": 5, "p90": 8, "p99": 8,
+                   "finish_reasons": {"stop": 8, "length": 1}}
+    assert response_lengths(table()) is None
 
 
 def test_status_counts_lists_every_status_and_effective_rate():

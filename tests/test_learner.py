@@ -15,6 +15,7 @@ def fake_samples(n_groups=4, group_size=4):
             samples.append({
                 "group_id": f"g{g}", "prompt_ids": [1, 4 + g, 14, 5, 15], "response_ids": response,
                 "behavior_logprobs": [-2.0, -2.5, -3.0], "reward": float(i % 2), "policy_version_start": 0,
+                "finish_reason": "stop",
             })
     return samples
 
@@ -57,6 +58,32 @@ def test_micro_batch_accumulation_matches_whole_batch(random_model_dir, loss_agg
     for a, b in zip(whole.model.parameters(), split.model.parameters()):
         assert a.grad is not None and a.grad.abs().sum() > 0
         torch.testing.assert_close(a.grad, b.grad, atol=1e-6, rtol=1e-4)
+
+
+def ragged_samples():
+    """fake_samples with responses of 1 to 6 tokens, so that micro-batches are cut to different widths."""
+    samples = fake_samples()
+    for k, s in enumerate(samples):
+        n = 1 + (k * 5) % 6
+        s["response_ids"] = [4 + (k + j) % 10 for j in range(n)]
+        s["behavior_logprobs"] = [-2.0 - 0.1 * j for j in range(n)]
+    return samples
+
+
+@pytest.mark.parametrize("algo", ["grpo", "ppo"])
+def test_length_sorted_trimmed_micro_batches_match_the_whole_batch(random_model_dir, algo):
+    whole = learner(random_model_dir, "learner.micro_batch_size=16", f"algorithm.name={algo}")
+    split = learner(random_model_dir, "learner.micro_batch_size=3", f"algorithm.name={algo}")
+    batch = collate(ragged_samples(), pad_id=0)
+    assert batch.select(torch.tensor([0, 6])).trimmed().width < batch.width  # the trimming is exercised
+    m_whole, m_split = whole.train_step(ragged_samples(), version=0), split.train_step(ragged_samples(), version=0)
+    for a, b in zip(whole.model.parameters(), split.model.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, atol=1e-6, rtol=1e-4)
+    for a, b in zip(whole.critic.parameters(), split.critic.parameters()) if algo == "ppo" else ():
+        torch.testing.assert_close(a.grad, b.grad, atol=1e-6, rtol=1e-4)
+    for key in ("loss/policy", "learner/entropy", "kl/behavior"):
+        assert m_whole[key] == pytest.approx(m_split[key], rel=1e-4, abs=1e-6)
+    assert m_whole["samples/response_len_max"] == 6 and m_whole["samples/response_len_p50"] == 4.0  # lengths 1,1,1,2,2,3,3,4,4,4,5,5,5,6,6,6
 
 
 @pytest.mark.parametrize("micro", [16, 3])

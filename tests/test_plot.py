@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from asyncrl.analysis import load_run
-from asyncrl.plot import FIGURES, consumed_staleness, make_plots, main, timeline_figure
+from asyncrl.plot import FIGURES, consumed_staleness, length_figure, main, make_plots, running_figure, timeline_figure
 from asyncrl.schema import new_sample
 from asyncrl.store import TrajectoryStore
 
@@ -38,6 +38,7 @@ def samples() -> list[dict]:
             rows.append(new_sample(
                 run_id="r", sample_id=f"s{step}-{i}", group_id=f"g{step}", prompt_id=f"p{step}", worker_id=i % 2,
                 prompt_text="1+2=", response_text="3", reward=1.0, status="consumed", policy_version_start=start,
+                response_ids=[5] * (2 + i), finish_reason="length" if i == 3 else "stop",
                 policy_version_end=start, consumed_version=step, consumed_step=step,
                 t_submitted=T0 + step, t_generated=T0 + step + 0.25 * i + 0.1,
             ))
@@ -51,6 +52,9 @@ def write_run(path: Path, with_trajectories: bool = True, torn_tail: bool = Fals
     path.mkdir(parents=True, exist_ok=True)
     text = "".join(json.dumps(metric_row(s)) + "\n" for s in range(STEPS))
     (path / "metrics.jsonl").write_text(text + ('{"step": 4, "rew' if torn_tail else ""))
+    trace = [{"step": s, "worker": w, "t": [T0 + s + 0.1 * k for k in range(5)], "running": [8, 8, 6, 2, 1]}
+             for s in range(STEPS) for w in (0, 1)]
+    (path / "engine_trace.jsonl").write_text("".join(json.dumps(row) + "\n" for row in trace))
     if with_trajectories:
         store = TrajectoryStore(path / "trajectories")
         store.append(samples())
@@ -65,7 +69,7 @@ def assert_pngs(paths: list[Path], names: set[str]) -> None:
         assert len(data) > 1000 and data.startswith(PNG_MAGIC), p
 
 
-def test_all_five_plots(tmp_path):
+def test_every_plot(tmp_path):
     run_dir = write_run(tmp_path / "run")
     paths = make_plots(run_dir)
     assert all(p.parent == run_dir / "plots" for p in paths)
@@ -81,12 +85,24 @@ def test_staleness_and_timeline_read_the_trajectories(tmp_path):
     assert ax.get_xlim()[0] <= 0.0  # seconds since the earliest timestamp
 
 
+def test_running_requests_and_lengths_figures(tmp_path):
+    run = load_run(write_run(tmp_path / "run"))
+    ax = running_figure(run).axes[0]
+    lines = {line.get_label(): line for line in ax.get_lines()}
+    assert set(lines) == {"rollout w0", "rollout w1"}
+    assert list(lines["rollout w0"].get_ydata()) == [8, 8, 6, 2, 1] * STEPS  # every engine step, in order
+    ax = length_figure(run).axes[0]
+    heights = [sum(p.get_height() for p in container) for container in ax.containers]
+    assert heights == [3 * STEPS, STEPS]  # stacked: the EOS ones, and the cut ones (one of each group of 4) on top
+
+
 def test_run_killed_without_trajectories_still_plots_metrics(tmp_path):
     # no summary.json, no trajectories/, a torn last metrics line
     run_dir = write_run(tmp_path / "killed", with_trajectories=False, torn_tail=True)
     paths = make_plots(run_dir, tmp_path / "out")
     assert all(p.parent == tmp_path / "out" for p in paths)
-    assert_pngs(paths, set(FIGURES))  # staleness falls back to staleness/mean, timeline to learner windows
+    # staleness falls back to staleness/mean, timeline to learner windows; no lengths without trajectories
+    assert_pngs(paths, set(FIGURES) - {"lengths.png"})
 
 
 def test_missing_metrics_keys_are_skipped(tmp_path):

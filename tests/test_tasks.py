@@ -5,7 +5,8 @@ import json
 import pytest
 
 from asyncrl.config import TaskConfig
-from asyncrl.tasks import AdditionTask, Prompt, carry_free_sum, exact_match, final_number, make_reward, make_task, numeric_match
+from asyncrl.tasks import (ANSWER_FORMAT, AdditionTask, Prompt, WordProblemTask, carry_free_sum, exact_match, final_number, make_reward,
+                           make_task, numeric_match, word_problem)
 
 
 def length_reward(prompt: Prompt, response: str) -> float:
@@ -43,7 +44,7 @@ def test_rewards_by_name_and_dotted_path():
         make_reward("no_such_module.fn")
     with pytest.raises(ValueError, match="not a dotted path"):
         make_reward("unknown")
-    with pytest.raises(ValueError, match="built-in: addition, jsonl"):
+    with pytest.raises(ValueError, match="built-in: addition, jsonl, word_problems"):
         make_task(TaskConfig(name="sudoku"), 0)
 
 
@@ -86,3 +87,47 @@ def test_numeric_match_gsm8k_style():
     assert numeric_match(p, "1,200") == 1.0 and numeric_match(p, "1200.0") == 1.0
     assert numeric_match(p, "12 then 1300") == 0.0 and numeric_match(p, "no number") == 0.0
     assert make_reward("numeric_match") is numeric_match
+
+
+def solve(text: str) -> int:
+    """Recompute a word problem's answer from its sentences (an independent reading of the generator's phrasing)."""
+    total = None
+    for sentence in text.split(". "):
+        words = sentence.replace("?", "").split()
+        numbers = [int(w) for w in words if w.isdigit()]
+        if total is None:
+            total = numbers[0]
+        elif "more" in words:
+            total += numbers[0]
+        elif "loses" in words or "away" in words:
+            total -= numbers[0]
+        elif "times" in words:
+            total *= numbers[0]
+    return total
+
+
+def test_word_problems_are_correct_held_out_and_deterministic():
+    task = make_task(TaskConfig(name="word_problems", steps=2, eval_size=50), seed=0)
+    evals = task.eval_prompts()
+    assert len({p.text for p in evals}) == 50
+    train = list(itertools.islice(task.train_prompts(seed=3), 500))
+    assert not {p.text for p in evals} & {p.text for p in train}
+    for p in evals + train:
+        assert p.text.endswith(ANSWER_FORMAT) and int(p.answer) == solve(p.text.removesuffix(ANSWER_FORMAT)) > 0
+    ops = [len(p.text.removesuffix(ANSWER_FORMAT).split(". ")) - 2 for p in train]  # sentences between the start and the question
+    assert {1, 2} <= set(ops) and max(ops) <= 2
+    assert [p.text for p in train[10:15]] == [p.text for p in itertools.islice(task.train_prompts(seed=3, start=10), 5)]
+    assert [p.text for p in WordProblemTask(2, 50, 0).eval_prompts()] == [p.text for p in evals]
+
+
+def test_a_worked_word_problem_and_its_reward():
+    import random
+
+    text, answer = word_problem(random.Random(7), 1)
+    assert answer == solve(text)
+    p = Prompt("x", "Ben has 4 pencils. Ben loses 1 pencils. How many pencils does Ben have now?", "3")
+    assert numeric_match(p, "4 - 1 = 3.\nAnswer: 3") == 1.0
+    assert numeric_match(p, "Ben has 4 pencils. 4 - 1 = 3 so Ben has 3 pencils left, not 4.") == 0.0  # the last number counts
+    assert numeric_match(p, "The answer is N.") == 0.0
+    with pytest.raises(ValueError, match="task.steps"):
+        WordProblemTask(steps=0)

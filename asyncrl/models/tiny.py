@@ -21,7 +21,7 @@ import random
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -29,6 +29,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
+from asyncrl.models import smollm2
 from asyncrl.tasks import TINY_HELD_OUT, AdditionTask, Prompt, carry_free_sum, exact_match
 
 BUILD_VERSION = 1  # bump when the recipe changes so cached models are rebuilt
@@ -290,28 +291,42 @@ def _save_atomic(out_dir: Path, model: Qwen2ForCausalLM, tokenizer: PreTrainedTo
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+BUILT_IN = ("tiny", smollm2.NAME)
+
+
 def resolve_model_path(path: str, digits: int, seed: int, cache_dir: str) -> Path:
-    """'tiny' -> the cached tiny model (built on first use); else a local HF model dir."""
+    """A built-in name -> its cached directory (built on first use): 'tiny', the project's addition model, or
+    'smollm2-135m-instruct', converted from its PyPI wheel; else a local HF model dir."""
     if path == "tiny":
         spec = TinySpec(digits=digits, seed=seed)
         name = f"tiny-addition-d{digits}-s{seed}-{spec.key()}"
-        return _cached_build(Path(cache_dir) / name, spec)
+        return _cached_build(Path(cache_dir) / name, lambda out: build_tiny_model(out, spec))
+    if path == smollm2.NAME:
+        return _cached_build(Path(cache_dir) / smollm2.cache_name(), smollm2.convert)
     model_dir = Path(path).expanduser()
     if not model_dir.is_dir():
         raise ValueError(f"model path {path!r} is not an existing directory "
-                         "(expected 'tiny' or a local Hugging Face model dir)")
+                         f"(expected a built-in, {' or '.join(BUILT_IN)}, or a local Hugging Face model dir)")
     if not (model_dir / "config.json").is_file():
         raise ValueError(f"model path {path!r} has no config.json (not a Hugging Face model dir)")
     return model_dir
 
 
-def _cached_build(out_dir: Path, spec: TinySpec) -> Path:
-    """Build under a file lock unless already present, so concurrent callers build once."""
+def _cached_build(out_dir: Path, build: Callable[[Path], object]) -> Path:
+    """`build(dir)` under a file lock unless already present, so concurrent callers build once; it writes into
+    a sibling temporary directory that is renamed into place, so an interrupted build leaves nothing behind."""
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     with open(out_dir.parent / f".{out_dir.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (out_dir / "config.json").is_file():
-            build_tiny_model(out_dir, spec)
+            tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.build-", dir=out_dir.parent))
+            try:
+                build(tmp)
+                tmp.chmod(0o755)
+                shutil.rmtree(out_dir, ignore_errors=True)  # a half-written directory from before this scheme
+                os.replace(tmp, out_dir)
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
     return out_dir
 
 
