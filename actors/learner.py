@@ -273,7 +273,7 @@ class Learner:
         """Mini-batch updates of `model`; each is the mean over its units whatever the micro-batch split
         and the number of learner workers (each takes its shard of every mini-batch)."""
         lcfg, acc, skipped = self.cfg.learner, {}, 0
-        params = list(model.parameters())
+        params = [p for p in model.parameters() if p.requires_grad]  # with LoRA the adapter only: all-reduced, clipped
         lengths = batch.attention_mask.sum(-1)  # [B]
         for mini in torch.arange(batch.size).chunk(lcfg.mini_batches):
             opt.zero_grad(set_to_none=True)
@@ -299,7 +299,7 @@ class Learner:
 
     def _optimizer_step(self, model, opt, acc: dict, grad_key: str) -> bool:
         clip = self.cfg.learner.grad_clip or math.inf
-        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip).item()
+        norm = torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], clip).item()
         acc[grad_key] = norm
         if not math.isfinite(norm):
             opt.zero_grad(set_to_none=True)

@@ -15,7 +15,7 @@ from asyncrl.models.tiny import resolve_model_path
 from asyncrl.tasks import encode_prompt
 
 LOGPROB_TOL = 2e-2
-"""Largest per-token gap between vLLM's and the learner's log-prob, fp32 on both sides (measured: see README)."""
+"""Largest per-token gap allowed between vLLM's and the learner's log-prob of a sampled token, fp32 on both sides."""
 
 
 def test_built_in_is_converted_once_from_the_checksummed_wheel(smollm2_dir, tmp_path, monkeypatch):
