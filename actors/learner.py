@@ -162,7 +162,7 @@ class Learner:
         t0 = time.time()
         self.weight_wait_s = 0.0
         a = self.cfg.algorithm
-        batch = collate(samples, self.pad_id, self.device)
+        batch = collate(samples, self.pad_id, self.device, a.mask_truncated)
         temp = self.cfg.rollout.temperature
         fused = self._proximal_from_update()
         with torch.no_grad():  # each worker computes its rows, then all hold the whole batch's

@@ -40,7 +40,10 @@ class Batch:
                      self.behavior_logprobs[:, : L - 1], self.rewards, self.group_index)
 
 
-def collate(samples: list[dict], pad_id: int, device: torch.device | str = "cpu") -> Batch:
+def collate(samples: list[dict], pad_id: int, device: torch.device | str = "cpu", mask_truncated: bool = False) -> Batch:
+    """Right-padded tensors of `samples`. With `mask_truncated`, a response cut at `rollout.max_new_tokens`
+    (finish_reason "length") keeps its place, reward and group but none of its tokens carry loss (DAPO's
+    over-long filtering): the policy is not taught to ramble by answers that never ended."""
     width = max(len(s["prompt_ids"]) + len(s["response_ids"]) for s in samples)
     B = len(samples)
     input_ids = torch.full((B, width), pad_id, dtype=torch.long)
@@ -52,7 +55,8 @@ def collate(samples: list[dict], pad_id: int, device: torch.device | str = "cpu"
         p, r = len(s["prompt_ids"]), len(s["response_ids"])
         input_ids[b, : p + r] = torch.tensor(list(s["prompt_ids"]) + list(s["response_ids"]))
         attention[b, : p + r] = 1
-        response_mask[b, p - 1 : p - 1 + r] = 1.0
+        if not (mask_truncated and s["finish_reason"] == "length"):
+            response_mask[b, p - 1 : p - 1 + r] = 1.0
         behavior[b, p - 1 : p - 1 + r] = torch.tensor(s["behavior_logprobs"], dtype=torch.float32)
         groups.setdefault(s["group_id"], len(groups))
     rewards = torch.tensor([float(s["reward"]) for s in samples])

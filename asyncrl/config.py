@@ -199,6 +199,8 @@ class AlgorithmConfig:
     """Run the reference policy's forward pass (the kl/ref metrics) every N learner steps when only monitoring needs it; 0: never. It runs every step regardless when kl_coef > 0 or kl_alert > 0."""
     kl_action: str = "none"
     """On a KL alert: none (log only), reduce_lr (halve the learning rate) or rollback (restore the last weights under the threshold and skip the batch)."""
+    mask_truncated: bool = False
+    """Responses cut at rollout.max_new_tokens carry no loss (DAPO's over-long filtering); they still count in their group's reward statistics. Without it a small policy can learn to ramble: see README, "A real model"."""
     loss_agg: str = "token_mean"
     """Loss aggregation: token_mean (DAPO, Dr. GRPO) or seq_mean (per-sequence token mean, original GRPO)."""
     kl_penalty: str = "loss"

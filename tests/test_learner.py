@@ -86,6 +86,24 @@ def test_length_sorted_trimmed_micro_batches_match_the_whole_batch(random_model_
     assert m_whole["samples/response_len_max"] == 6 and m_whole["samples/response_len_p50"] == 4.0  # lengths 1,1,1,2,2,3,3,4,4,4,5,5,5,6,6,6
 
 
+def test_mask_truncated_takes_cut_responses_out_of_the_loss(random_model_dir):
+    samples = fake_samples()
+    samples[1]["finish_reason"] = "length"
+    batch = collate(samples, pad_id=0, mask_truncated=True)
+    assert batch.response_mask[1].sum() == 0 and batch.response_mask[0].sum() == 3
+    assert collate(samples, pad_id=0).response_mask[1].sum() == 3  # off by default
+    other = [dict(s) for s in samples]
+    other[1]["response_ids"] = [9, 9, 9, 9, 9]  # what a masked response says cannot matter; its reward still does
+    other[1]["behavior_logprobs"] = [-5.0] * 5
+    grads = []
+    for batch_samples in (samples, other):
+        lrn = learner(random_model_dir, "algorithm.mask_truncated=true")
+        lrn.train_step(batch_samples, version=0)
+        grads.append([p.grad.clone() for p in lrn.model.parameters()])
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, atol=1e-7, rtol=1e-5)
+
+
 @pytest.mark.parametrize("micro", [16, 3])
 def test_proximal_from_the_update_matches_a_separate_proximal_pass(random_model_dir, micro):
     # one mini-batch: the update's own forward passes give pi_prox (one pass fewer); a KL alert that never fires
