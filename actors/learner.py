@@ -293,13 +293,13 @@ class Learner:
                     p.grad /= total
             for o in outs:
                 _accumulate(acc, {**o.metrics, loss_key: o.loss.item()}, o.weight / total / lcfg.mini_batches)
-            skipped += int(not self._optimizer_step(model, opt, acc, grad_key))
+            skipped += int(not self._optimizer_step(params, opt, acc, grad_key))
         grad_norm = acc.pop(grad_key)
         return {**lg.reduce_metrics(acc, self.dp), grad_key: grad_norm}, skipped
 
-    def _optimizer_step(self, model, opt, acc: dict, grad_key: str) -> bool:
+    def _optimizer_step(self, params: list[torch.Tensor], opt, acc: dict, grad_key: str) -> bool:
         clip = self.cfg.learner.grad_clip or math.inf
-        norm = torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], clip).item()
+        norm = torch.nn.utils.clip_grad_norm_(params, clip).item()
         acc[grad_key] = norm
         if not math.isfinite(norm):
             opt.zero_grad(set_to_none=True)

@@ -51,7 +51,7 @@ import ray
 from actors.engine import Finished, VLLMEngine
 from asyncrl.config import Config
 from asyncrl.schema import Status, new_sample
-from asyncrl.tasks import Prompt, RewardRunner, encode_prompt, RewardThreadsStuck, RewardTimeout, make_reward, make_task
+from asyncrl.tasks import Prompt, RewardRunner, RewardThreadsStuck, RewardTimeout, encode_prompt, make_reward, make_task
 from asyncrl.util import pin_to_cores
 
 
