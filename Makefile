@@ -6,7 +6,7 @@ STAMP := $(VENV)/.asyncrl-installed
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup run run-smollm2 smoke test test-all test-fast model bench clean
+.PHONY: setup run run-smollm2 smoke test test-all test-fast model bench bench-smollm2 clean
 
 setup: $(STAMP)
 
@@ -51,10 +51,19 @@ test-all: $(STAMP)
 # installed into bench/.venv-trl too); see README "Benchmarks". Nothing else should run meanwhile.
 bench: $(STAMP)
 	@start=$$(date +%s); \
-	for b in "overlap.py" "weight_sync.py" "vs_trl.py" "scaling.py" "staleness_ablation.py" "soak.py --minutes 1 --kill-every 30"; do \
+	for b in "overlap.py" "weight_sync.py" "weight_load.py" "vs_trl.py" "scaling.py" "staleness_ablation.py" "soak.py --minutes 1 --kill-every 30"; do \
 		t0=$$(date +%s); $(PY) bench/$$b || exit 1; echo "make bench: bench/$$b took $$(( $$(date +%s) - t0 )) s"; \
 	done; \
 	echo "make bench: all took $$(( $$(date +%s) - start )) s"
+
+# the same questions on the real-model recipe (README "Benchmarks on the real model"): about 95 min on 2 cores
+SMOL := --config configs/smollm2_word_problems.yaml
+bench-smollm2: $(STAMP)
+	@start=$$(date +%s); \
+	for b in "weight_load.py $(SMOL)" "overlap.py $(SMOL) --steps 8" "vs_trl.py $(SMOL) --steps 60 --save-every 10 --threshold 0.40"; do \
+		t0=$$(date +%s); $(PY) bench/$$b || exit 1; echo "make bench-smollm2: bench/$$b took $$(( $$(date +%s) - t0 )) s"; \
+	done; \
+	echo "make bench-smollm2: all took $$(( $$(date +%s) - start )) s"
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)

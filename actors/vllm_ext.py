@@ -3,12 +3,57 @@
 Passed to vLLM as ``worker_extension_cls="actors.vllm_ext.WeightSyncExtension"``
 and called through ``collective_rpc``; arguments are plain lists so that the
 same calls work when the worker lives in another process (GPU, AsyncLLM).
+
+Loading: vLLM's `reload_weights` is the documented way to replace weights
+after start-up (plain `load_weights` breaks on the CPU backend, whose linear
+layers are repacked at load time). It sets up and tears down its layerwise
+machinery on every module of the model, whatever was sent. `reload_units` runs
+the same vLLM machinery (`initialize_layerwise_reload`, the model's own
+`load_weights`, `finalize_layerwise_reload`) on the smallest modules that hold
+the tensors sent, so a sync of 8 of 30 layers (LoRA `top_layers`) pays for 8:
+bench/weight_load.py measures both on the same tensors and checks that they
+leave identical weights.
 """
 from __future__ import annotations
+
+from collections.abc import Iterable
 
 import torch
 
 from asyncrl.weights import TensorMeta, WeightReceiver, init_group, open_weights_ipc, plan_buckets
+
+
+def load_units(module_names: set[str], weight_names: Iterable[str]) -> list[str]:
+    """The modules a reload of `weight_names` (checkpoint names) must set up: for each weight, the deepest module of
+    `module_names` that is a prefix of its name (checkpoint q/k/v land in vLLM's fused `qkv_proj`, so the unit of
+    `...self_attn.q_proj.weight` is `...self_attn`), without the ones inside another unit. "" is the whole model."""
+    units = set()
+    for name in weight_names:
+        parts = name.split(".")[:-1]
+        while parts and ".".join(parts) not in module_names:
+            parts.pop()
+        units.add(".".join(parts))
+    if "" in units:
+        return [""]
+    return sorted(u for u in units if not any(u.startswith(f"{v}.") for v in units if v != u))
+
+
+def reload_units(model_runner, weights: list[tuple[str, torch.Tensor]], units: list[str]) -> None:
+    """vLLM's in-place reload (`reload_weights`) restricted to `units` (see `load_units`): the layerwise set-up and
+    finalisation run on those modules only, then the same resets `GPUModelRunner.reload_weights` does."""
+    from vllm.model_executor.model_loader.reload.layerwise import finalize_layerwise_reload, initialize_layerwise_reload
+
+    model = model_runner.get_model()
+    modules = [model.get_submodule(u) if u else model for u in units]
+    for m in modules:
+        initialize_layerwise_reload(m)
+    try:
+        model.load_weights(weights)
+    finally:
+        for m in modules:
+            finalize_layerwise_reload(m, model_runner.vllm_config.model_config)
+    for reset in ("reset_lora_state", "reset_encoder_cache", "reset_mm_cache"):
+        getattr(model_runner, reset, lambda: None)()
 
 
 class WeightSyncExtension:
@@ -17,6 +62,8 @@ class WeightSyncExtension:
     ) -> bool:
         self._asyncrl_meta = [TensorMeta(n, d, tuple(s)) for n, d, s in meta]
         self._asyncrl_buckets = plan_buckets(self._asyncrl_meta, bucket_bytes)
+        names = {n for n, _ in self.model_runner.get_model().named_modules()}  # type: ignore[attr-defined]
+        self._asyncrl_units = load_units(names, [m.name for m in self._asyncrl_meta])
         if backend != "cuda_ipc":  # IPC needs no group: handles come with each update
             group = init_group(host, port, rank, world_size, backend)
             device = torch.device(self.device) if isinstance(self.device, str) else self.device  # type: ignore[attr-defined]
@@ -26,10 +73,19 @@ class WeightSyncExtension:
     def asyncrl_receive_weights_ipc(self, handles: list) -> int:
         """Colocated on the learner's GPU: map the learner's buckets and load them (no copy on the wire)."""
         weights = list(open_weights_ipc(handles, self._asyncrl_meta, self._asyncrl_buckets, torch.cuda.current_device()))
-        self.model_runner.reload_weights(weights_iterator=weights)  # type: ignore[attr-defined]
+        reload_units(self.model_runner, weights, self._asyncrl_units)  # type: ignore[attr-defined]
         return sum(t.numel() * t.element_size() for _, t in weights)
 
     def asyncrl_receive_weights(self) -> int:
-        """Receive every bucket of the next version, then load the lot in one `reload_weights` call; returns bytes."""
-        self.model_runner.reload_weights(weights_iterator=self._asyncrl_receiver.receive())  # type: ignore[attr-defined]
+        """Receive every bucket of the next version, then load the lot in one reload; returns bytes."""
+        reload_units(self.model_runner, list(self._asyncrl_receiver.receive()), self._asyncrl_units)  # type: ignore[attr-defined]
         return self._asyncrl_receiver.nbytes
+
+    def asyncrl_load_weights(self, weights: list[tuple[str, torch.Tensor]], scoped: bool = True) -> None:
+        """Load checkpoint-named tensors given in-process (offline evaluation, bench/weight_load.py): `reload_units`
+        on their modules, or (scoped=False) vLLM's whole-model `reload_weights`."""
+        if not scoped:
+            self.model_runner.reload_weights(weights_iterator=weights)  # type: ignore[attr-defined]
+            return
+        names = {n for n, _ in self.model_runner.get_model().named_modules()}  # type: ignore[attr-defined]
+        reload_units(self.model_runner, weights, load_units(names, [n for n, _ in weights]))  # type: ignore[attr-defined]

