@@ -56,7 +56,7 @@ bench: $(STAMP)
 	done; \
 	echo "make bench: all took $$(( $$(date +%s) - start )) s"
 
-# the same questions on the real-model recipe (README "Benchmarks on the real model"): about 95 min on 2 cores
+# the same questions on the real-model recipe (README "On the real model (issue 13)"): about 2 h on 2 cores
 SMOL := --config configs/smollm2_word_problems.yaml
 bench-smollm2: $(STAMP)
 	@start=$$(date +%s); \

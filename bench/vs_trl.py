@@ -3,7 +3,7 @@
     .venv/bin/python bench/vs_trl.py                    # about 2-3 min on 2 cores (+ a one-off ~1.5 min install)
     .venv/bin/python bench/vs_trl.py --steps 60 --save-every 4 --threshold 0.75
     .venv/bin/python bench/vs_trl.py --config configs/smollm2_word_problems.yaml --steps 60 --save-every 10 \
-        --threshold 0.40                                # SmolLM2 with LoRA, about 70 min
+        --threshold 0.40                                # SmolLM2 with LoRA, about 2 h (TRL ~58 s a step)
     .venv/bin/python bench/vs_trl.py --vllm             # also TRL generating with vLLM (+2-3 min, + a one-off ~3 min install)
 
 1. Makes the TRL environment `bench/.venv-trl` when missing (or when
