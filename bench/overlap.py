@@ -41,7 +41,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from results_io import publish  # bench/ is on sys.path when a benchmark runs as a script
+from results_io import lengths_text, publish  # bench/ is on sys.path when a benchmark runs as a script
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -62,11 +62,8 @@ def run_job(config: Path, out: Path, steps: int, staleness: int) -> tuple[list[d
 
 
 def lengths_cell(d: dict | None) -> str:
-    """p50 / p90 / p99 / max tokens, and the share cut at max_new_tokens."""
-    if not d:
-        return "–"
-    cut = d["finish_reasons"].get("length", 0) / d["samples"]
-    return f"{d['p50']} / {d['p90']} / {d['p99']} / {d['max']} tokens, {cut:.0%} cut ({d['samples']} samples)"
+    """The run's response lengths (tokens) and how many samples they cover."""
+    return f"{lengths_text(d)} ({d['samples']} samples)" if d else "–"
 
 
 def median(rows: list[dict], key: str) -> float:
@@ -164,8 +161,8 @@ def main() -> None:
         f"| ideal speedup (T_gen+T_train+T_sync) / max(T_gen, T_train+T_sync) | {ideal:.2f}x |",
         f"| step time sync → async | {sync_step:.3f} → {async_step:.3f} s |",
         f"| achieved speedup (steps/s and samples/s) | {achieved:.2f}x |",
-        f"| response lengths p50 / p90 / p99 / max, sync run | {lengths_cell(sync_lengths)} |",
-        f"| response lengths p50 / p90 / p99 / max, async run | {lengths_cell(async_lengths)} |",
+        f"| response lengths, sync run | {lengths_cell(sync_lengths)} |",
+        f"| response lengths, async run | {lengths_cell(async_lengths)} |",
         f"| **efficiency achieved / ideal** (target ≥ 0.85) | **{achieved / ideal:.2f}** |",
         f"| learner wait, sync → async | {result['sync_learner_wait_frac']:.0%} → {result['async_learner_wait_frac']:.0%} |",
         f"| rollout idle, sync → async | {result['sync_rollout_idle_frac']:.0%} → {result['async_rollout_idle_frac']:.0%} |",

@@ -11,3 +11,9 @@ def publish(out_dir: Path, name: str, table: str, data: object) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / f"{name}.md").write_text(table)
     (out_dir / f"{name}.json").write_text(json.dumps(data, indent=2))
+
+
+def lengths_text(d: dict) -> str:
+    """An `asyncrl.analysis.response_lengths` distribution in one table cell: percentiles, mean, share cut at the limit."""
+    cut = d["finish_reasons"].get("length", 0) / d["samples"]
+    return f"p50 {d['p50']} / p90 {d['p90']} / p99 {d['p99']} / max {d['max']}, mean {d['mean']:.0f}, {cut:.0%} cut"

@@ -75,7 +75,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from results_io import publish  # noqa: E402  (bench/ is on sys.path when a benchmark runs as a script)
+from results_io import lengths_text, publish  # noqa: E402  (bench/ is on sys.path when a benchmark runs as a script)
 
 TRL_VENV = ROOT / "bench" / ".venv-trl"
 TRL_REQUIREMENTS = ROOT / "bench" / "trl_requirements.txt"
@@ -290,8 +290,7 @@ def lengths_cell(d: dict | None) -> str:
     if not d:
         return "–"
     if "p50" in d:
-        cut = d["finish_reasons"].get("length", 0) / d["samples"]
-        return f"p50 {d['p50']} / p90 {d['p90']} / p99 {d['p99']} / max {d['max']}, mean {d['mean']:.0f}, {cut:.0%} cut"
+        return lengths_text(d)
     return f"mean {d['mean']:.0f} / max {d['max']:.0f} (TRL logs no percentiles), {d['cut']:.0%} cut"
 
 
