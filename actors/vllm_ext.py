@@ -62,8 +62,7 @@ class WeightSyncExtension:
     ) -> bool:
         self._asyncrl_meta = [TensorMeta(n, d, tuple(s)) for n, d, s in meta]
         self._asyncrl_buckets = plan_buckets(self._asyncrl_meta, bucket_bytes)
-        names = {n for n, _ in self.model_runner.get_model().named_modules()}  # type: ignore[attr-defined]
-        self._asyncrl_units = load_units(names, [m.name for m in self._asyncrl_meta])
+        self._asyncrl_units = self._asyncrl_load_units([m.name for m in self._asyncrl_meta])
         if backend != "cuda_ipc":  # IPC needs no group: handles come with each update
             group = init_group(host, port, rank, world_size, backend)
             device = torch.device(self.device) if isinstance(self.device, str) else self.device  # type: ignore[attr-defined]
@@ -87,5 +86,9 @@ class WeightSyncExtension:
         if not scoped:
             self.model_runner.reload_weights(weights_iterator=weights)  # type: ignore[attr-defined]
             return
+        reload_units(self.model_runner, weights, self._asyncrl_load_units([n for n, _ in weights]))  # type: ignore[attr-defined]
+
+    def _asyncrl_load_units(self, weight_names: list[str]) -> list[str]:
+        """`load_units` over this worker's model."""
         names = {n for n, _ in self.model_runner.get_model().named_modules()}  # type: ignore[attr-defined]
-        reload_units(self.model_runner, weights, load_units(names, [n for n, _ in weights]))  # type: ignore[attr-defined]
+        return load_units(names, weight_names)
