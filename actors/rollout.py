@@ -168,8 +168,8 @@ class RolloutWorker:
         self.pending_puts = []
         return self.stats()
 
-    def evaluate(self, prompts: list[Prompt]) -> float:
-        """Greedy accuracy on `prompts` (only while the loop is stopped)."""
+    def evaluate(self, prompts: list[Prompt]) -> list[float]:
+        """Each prompt's greedy score, in order (only while the loop is stopped): their mean is the accuracy."""
         assert self.thread is None, "evaluate needs the loop stopped"
         ids = []
         for p in prompts:
@@ -178,8 +178,7 @@ class RolloutWorker:
             except BadPrompt as exc:  # a bad eval prompt is an error, not a drop
                 raise ValueError(f"eval prompt {p.prompt_id!r}: {exc}") from exc
         outs = self.engine.greedy(ids, self.cfg.rollout.max_new_tokens)
-        rewards = [self.reward(p, self._decode(o)) for p, o in zip(prompts, outs)]
-        return sum(rewards) / len(rewards)
+        return [self.reward(p, self._decode(o)) for p, o in zip(prompts, outs)]
 
     def sample(self, texts: list[str]) -> list[dict]:
         """One response per prompt text, sampled as in training (only while the loop is stopped): prompt_ids,

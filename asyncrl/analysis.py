@@ -41,6 +41,39 @@ class Run:
         return self.summary is not None
 
 
+@dataclass(frozen=True)
+class PairedGain:
+    """Accuracy after minus before on the same problems, with the paired standard error of that difference."""
+    n: int
+    before: float
+    after: float
+    gain: float
+    se: float  # sd of the per-problem differences (n - 1) / sqrt(n); 0 when nothing changed
+    gained: int  # problems wrong before and right after
+    lost: int  # right before, wrong after
+
+
+def paired_gain(before: list[float], after: list[float]) -> PairedGain:
+    """The paired comparison of two evaluations of the same problems, in the same order (scores in [0, 1])."""
+    if len(before) != len(after) or not before:
+        raise ValueError(f"paired_gain needs two equally long, non-empty score lists (got {len(before)} and {len(after)})")
+    n = len(before)
+    diffs = [a - b for b, a in zip(before, after)]
+    mean = sum(diffs) / n
+    var = sum((d - mean) ** 2 for d in diffs) / (n - 1) if n > 1 else 0.0
+    return PairedGain(n=n, before=sum(before) / n, after=sum(after) / n, gain=mean, se=math.sqrt(var / n),
+                      gained=sum(d > 0 for d in diffs), lost=sum(d < 0 for d in diffs))
+
+
+def eval_summary(before: list[float] | None, after: list[float] | None) -> dict:
+    """The run summary's `eval/` keys from the per-problem scores before and after training (NaN without them)."""
+    if before is None or after is None:
+        return {"eval/accuracy_before": math.nan, "eval/accuracy_after": math.nan}
+    g = paired_gain(before, after)
+    return {"eval/accuracy_before": g.before, "eval/accuracy_after": g.after, "eval/problems": g.n,
+            "eval/gain_paired_se": g.se, "eval/gained": g.gained, "eval/lost": g.lost}
+
+
 def read_metrics(path: Path) -> list[dict]:
     """metrics.jsonl rows; a torn last line (a run killed while writing) is skipped."""
     if not path.is_file():

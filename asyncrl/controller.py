@@ -25,7 +25,7 @@ from actors.buffer import ReplayBuffer
 from actors.learner import Learner
 from actors.rollout import RolloutWorker
 from algorithms import get_algorithm
-from asyncrl.analysis import bottleneck
+from asyncrl.analysis import bottleneck, eval_summary
 from asyncrl.checkpoint import latest_checkpoint, read_state, truncate_metrics, write_checkpoint
 from asyncrl.config import Config
 from asyncrl.metrics import MetricsSink
@@ -210,13 +210,16 @@ class Controller:
         refs += [w.init_weight_sync.remote(host, port, 1 + i, world, backend, meta, bucket) for i, w in enumerate(self.workers)]
         ray.get(refs)
 
-    def evaluate(self) -> float:
+    def evaluate(self) -> list[float] | None:
+        """Each held-out problem's greedy score, in the task's order (None with run.eval off)."""
+        if not self.cfg.run.eval:
+            return None
         task = make_task(self.cfg.task, self.cfg.run.seed)
         return ray.get(self.workers[0].evaluate.remote(task.eval_prompts()))
 
     def train(self, sink: MetricsSink) -> dict:
         cfg, t_start = self.cfg, time.time()
-        before = self.evaluate() if cfg.run.eval else float("nan")
+        before = self.evaluate()
         ray.get([w.start.remote() for w in self.workers])
         history, every = [], cfg.run.checkpoint_every
         for step in range(self.start_step, cfg.run.steps):
@@ -230,11 +233,11 @@ class Controller:
         self.settle_weights()  # the final version reaches every engine before the loops stop and the evaluation
         ends = ray.get([w.stop.remote() for w in self.workers])
         buffer_counts = ray.get(self.buffer.close.remote())
-        after = self.evaluate() if cfg.run.eval else float("nan")
+        after = self.evaluate()
         ray.get(self.learner.save.remote(str(self.run_dir / "final_model"), self.model_path))
         return {
             "steps": cfg.run.steps, "resumed_at_step": self.start_step or None, "wall_s": time.time() - t_start, "policy_version": self.version,
-            "eval/accuracy_before": before, "eval/accuracy_after": after,
+            **eval_summary(before, after),
             "samples": buffer_counts, "rollout": ends, "rollout_restarts": self.restarts, "placement": self.placement,
             "bottleneck": dataclasses.asdict(bottleneck(history)),
         }

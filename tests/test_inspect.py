@@ -25,8 +25,10 @@ from asyncrl.analysis import (
     by_version,
     drift_attribution,
     effective_sample_rate,
+    eval_summary,
     export_jsonl,
     load_run,
+    paired_gain,
     report,
     response_lengths,
     rollout_cost,
@@ -357,3 +359,30 @@ def test_inspect_a_smoke_run_killed_with_sigkill(tiny_model_dir, tmp_path):
     print(f"\nkilled run: {rep['steps_logged']} steps logged, {len(parts)} parts, {rep['samples']['total']} samples recorded; "
           f"Ray sessions {sorted(sessions)}; leaked: {sorted(leaked.items()) or 'none'}")
     assert not leaked, f"processes outlived the killed run's process group: {leaked}"
+
+
+def test_paired_gain_counts_each_problem_and_its_standard_error():
+    # 10 problems: 3 gained, 1 lost, 6 unchanged -> differences (1, 1, 1, -1, 0 x 6), mean 0.2
+    before = [0, 0, 0, 1, 1, 1, 0, 0, 0, 1]
+    after = [1, 1, 1, 0, 1, 1, 0, 0, 0, 1]
+    g = paired_gain(before, after)
+    assert (g.n, g.gained, g.lost) == (10, 3, 1)
+    assert g.before == pytest.approx(0.4) and g.after == pytest.approx(0.6) and g.gain == pytest.approx(0.2)
+    # sample variance of the differences: (3 * 0.8^2 + 1.2^2 + 6 * 0.2^2) / 9 = 3.6 / 9, so se = sqrt(0.4 / 10) = 0.2
+    assert g.se == pytest.approx(0.2)
+    assert paired_gain([1, 0], [1, 0]).se == 0.0
+    with pytest.raises(ValueError, match="equally long"):
+        paired_gain([1, 0], [1])
+
+
+def test_eval_summary_and_the_printed_gain():
+    from asyncrl.run import gain_text
+
+    summary = eval_summary([0, 0, 0, 1, 1, 1, 0, 0, 0, 1], [1, 1, 1, 0, 1, 1, 0, 0, 0, 1])
+    assert summary["eval/problems"] == 10 and summary["eval/gained"] == 3 and summary["eval/lost"] == 1
+    se = summary["eval/gain_paired_se"]
+    assert gain_text(summary) == f"+0.200 ({0.2 / se:.1f} paired SE; 3 gained, 1 lost of 10)"
+    off = eval_summary(None, None)
+    assert math.isnan(off["eval/accuracy_before"]) and "eval/gain_paired_se" not in off
+    # a summary from before the paired counts: the gain alone
+    assert gain_text({"eval/accuracy_before": 0.25, "eval/accuracy_after": 0.5}) == "+0.250"
