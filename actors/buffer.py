@@ -15,6 +15,7 @@ import time
 from collections import deque
 
 from asyncrl.config import Config
+from asyncrl.ids import GroupId
 from asyncrl.schema import Status, new_sample
 from asyncrl.staleness import admissible, is_stale
 from asyncrl.store import TrajectoryStore
@@ -113,9 +114,10 @@ class ReplayBuffer:
 
     def _delivered(self, group: list[dict]) -> bool:
         """Note the group as delivered; False if it already was."""
-        worker, number = group[0]["worker_id"], _group_number(group[0]["group_id"])
-        if number is None:
+        worker, gid = group[0]["worker_id"], GroupId.parse(group[0]["group_id"])
+        if gid is None:  # not made by a rollout worker
             return True
+        number = gid.number
         seen = self.delivered_by.setdefault(worker, set())
         if number in seen:
             return False
@@ -130,8 +132,8 @@ class ReplayBuffer:
         delivered = self.delivered_by.setdefault(worker_id, set())
         lost = [k for k in range(admitted) if k not in delivered]
         for k in lost:
-            group_id = f"{run_id}-w{worker_id}-g{k}"
-            records = [new_sample(run_id=run_id, sample_id=f"{group_id}-{i}", group_id=group_id, worker_id=worker_id,
+            gid = GroupId(run_id, worker_id, k)
+            records = [new_sample(run_id=run_id, sample_id=gid.sample_id(i), group_id=str(gid), worker_id=worker_id,
                                   status=Status.DROPPED_ERROR.value, status_reason=reason) for i in range(group_size)]
             self._drop(records, "dropped_error")
             self.counts["lost"] += len(records)
@@ -167,12 +169,6 @@ class ReplayBuffer:
         self.counts["consumed"] += len(batch)
         self.store.append(batch)
         return batch
-
-
-def _group_number(group_id: str) -> int | None:
-    """`<run_id>-w<worker>-g<n>` -> n (None for ids not made by a rollout worker)."""
-    _, _, tail = group_id.rpartition("-g")
-    return int(tail) if tail.isdigit() else None
 
 
 def _oldest_start(group: list[dict]) -> int:

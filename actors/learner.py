@@ -166,7 +166,7 @@ class Learner:
         temp = self.cfg.rollout.temperature
         fused = self._proximal_from_update()
         with torch.no_grad():  # each worker computes its rows, then all hold the whole batch's
-            mine = batch.select(lg.shard(torch.arange(batch.size), self.dp))
+            mine = batch.select(lg.shard(torch.arange(batch.size, device=self.device), self.dp))
             ref = lg.gather_rows(self._ref_logprobs(mine, temp), self.dp) if self._reference_needed() else None
             old_values = lg.gather_rows(self.critic(mine), self.dp) if self.critic is not None else None
             if fused:  # filled in by the update's own forward passes
@@ -275,7 +275,7 @@ class Learner:
         lcfg, acc, skipped = self.cfg.learner, {}, 0
         params = [p for p in model.parameters() if p.requires_grad]  # with LoRA the adapter only: all-reduced, clipped
         lengths = batch.attention_mask.sum(-1)  # [B]
-        for mini in torch.arange(batch.size).chunk(lcfg.mini_batches):
+        for mini in torch.arange(batch.size, device=self.device).chunk(lcfg.mini_batches):
             opt.zero_grad(set_to_none=True)
             outs = []
             rows = lg.shard(mini, self.dp)

@@ -50,6 +50,7 @@ import ray
 
 from actors.engine import Finished, VLLMEngine
 from asyncrl.config import Config
+from asyncrl.ids import GroupId, group_of
 from asyncrl.schema import Status, new_sample
 from asyncrl.tasks import Prompt, RewardRunner, RewardThreadsStuck, RewardTimeout, encode_prompt, make_reward, make_task
 from asyncrl.util import pin_to_cores
@@ -57,12 +58,16 @@ from asyncrl.util import pin_to_cores
 
 @dataclass
 class _Group:
-    group_id: str
+    gid: GroupId
     prompt: Prompt
     prompt_ids: list[int]
     t_submitted: float
     starts: dict[str, int] = field(default_factory=dict)  # sample_id -> version its current request started at
     done: dict[str, tuple[Finished, int, float]] = field(default_factory=dict)  # sample_id -> (out, version, t)
+
+    @property
+    def group_id(self) -> str:
+        return str(self.gid)
 
 
 @dataclass
@@ -310,7 +315,7 @@ class RolloutWorker:
     def _resubmit(self, sample_ids: list[str]) -> None:
         """Restart aborted samples from their prompt: the new request starts, and is recorded, at the current version."""
         for sample_id in sample_ids:
-            self._submit(self.inflight[_group_id(sample_id)], sample_id)
+            self._submit(self.inflight[group_of(sample_id)], sample_id)
         self.counters["resubmitted"] += len(sample_ids)
 
     def _start_groups(self, n: int) -> None:
@@ -318,7 +323,7 @@ class RolloutWorker:
         for _ in range(n):
             prompt = next(self.prompts)
             self.counters["prompts_drawn"] += 1
-            group = _Group(f"{self.run_id}-w{self.id}-g{self.next_group}", prompt, [], time.time())
+            group = _Group(GroupId(self.run_id, self.id, self.next_group), prompt, [], time.time())
             self.next_group += 1
             try:
                 group.prompt_ids = self._encode(prompt.text)
@@ -329,7 +334,7 @@ class RolloutWorker:
             self.inflight[group.group_id] = group
             self.counters["groups_started"] += 1
             for i in range(self.cfg.rollout.group_size):
-                self._submit(group, f"{group.group_id}-{i}")
+                self._submit(group, group.gid.sample_id(i))
 
     def _submit(self, group: _Group, sample_id: str) -> None:
         group.starts[sample_id] = self.version
@@ -338,7 +343,7 @@ class RolloutWorker:
     def _collect(self, finished: list[Finished]) -> None:
         now = time.time()
         for out in finished:
-            group_id = _group_id(out.request_id)
+            group_id = group_of(out.request_id)
             group = self.inflight[group_id]
             group.done[out.request_id] = (out, self.version, now)
             self.counters["tokens"] += len(out.token_ids)
@@ -391,8 +396,8 @@ class RolloutWorker:
         """A group that never generates: every sample dropped_error with `reason`."""
         records = []
         for i in range(self.cfg.rollout.group_size):
-            group.starts[f"{group.group_id}-{i}"] = self.version
-            record = self._record(group, f"{group.group_id}-{i}", [], [], self.version, None, None)
+            group.starts[group.gid.sample_id(i)] = self.version
+            record = self._record(group, group.gid.sample_id(i), [], [], self.version, None, None)
             record.update(status=Status.DROPPED_ERROR.value, status_reason=reason, t_scored=time.time())
             records.append(record)
         return records
@@ -409,7 +414,7 @@ class RolloutWorker:
     def _abort_records(self, group: _Group) -> list[dict]:
         records = []
         for i in range(self.cfg.rollout.group_size):
-            sample_id = f"{group.group_id}-{i}"
+            sample_id = group.gid.sample_id(i)
             out, version_end, t_gen = group.done.get(sample_id, (Finished(sample_id, [], [], "abort"), self.version, None))
             record = self._record(group, sample_id, out.token_ids, out.logprobs, version_end, t_gen, out.finish_reason)
             record.update(status=Status.ABORTED_AT_END.value, status_reason="run stopped while its group was generating")
@@ -419,8 +424,8 @@ class RolloutWorker:
     def _request_ids(self):
         for group in self.inflight.values():
             for i in range(self.cfg.rollout.group_size):
-                if f"{group.group_id}-{i}" not in group.done:
-                    yield f"{group.group_id}-{i}"
+                if group.gid.sample_id(i) not in group.done:
+                    yield group.gid.sample_id(i)
 
     def _encode(self, text: str) -> list[int]:
         """The prompt's token ids; BadPrompt when it is empty or leaves no room for `rollout.max_new_tokens`."""
@@ -441,8 +446,3 @@ class RolloutWorker:
 
 class BadPrompt(ValueError):
     """A prompt the engine cannot take; the message says why."""
-
-
-def _group_id(sample_id: str) -> str:
-    """Sample ids are `<group_id>-<index>`."""
-    return sample_id.rsplit("-", 1)[0]

@@ -228,10 +228,11 @@ def group_relative_advantages(
 ) -> torch.Tensor:
     """(r - mean of its group) [/ (std of its group + eps)]; rewards, group_index: [B]."""
     groups, inverse = torch.unique(group_index, return_inverse=True)
-    count = torch.zeros(len(groups), dtype=rewards.dtype).index_add_(0, inverse, torch.ones_like(rewards))
-    mean = torch.zeros(len(groups), dtype=rewards.dtype).index_add_(0, inverse, rewards) / count
+    zeros = rewards.new_zeros(len(groups))  # the rewards' device and dtype (a CUDA learner's, or float64 in tests)
+    count = zeros.index_add(0, inverse, torch.ones_like(rewards))
+    mean = zeros.index_add(0, inverse, rewards) / count
     centered = rewards - mean[inverse]
     if not std_normalize:
         return centered
-    var = torch.zeros(len(groups), dtype=rewards.dtype).index_add_(0, inverse, centered**2) / (count - 1).clamp(min=1)
+    var = zeros.index_add(0, inverse, centered**2) / (count - 1).clamp(min=1)
     return centered / (var.sqrt()[inverse] + eps)

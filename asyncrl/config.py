@@ -31,8 +31,8 @@ class ConfigError(ValueError):
 class ModelConfig:
     path: str = "tiny"
     """"tiny" builds (once, cached) the project's warm-started tiny model; otherwise a local HF model directory."""
-    cache_dir: str = ".cache/models"
-    """Where built models are cached."""
+    cache_dir: str = ""
+    """Where built-in models are cached on each node; empty: $ASYNCRL_CACHE_DIR, else ~/.cache/asyncrl/models (per user, so every job reuses it)."""
     dtype: str = "float32"
     """Weights dtype for learner and engine: float32, bfloat16 or float16."""
     max_model_len: int = 64
@@ -234,7 +234,7 @@ class RunConfig:
     seed: int = 0
     """Seed for data order, sampling and the learner."""
     ray_address: str = ""
-    """Ray cluster to join; empty uses RAY_ADDRESS or starts a local cluster."""
+    """Ray cluster to join; empty: RAY_ADDRESS, else the cluster `ray start` recorded on this machine if it answers, else a new local one; "local": always a new local one."""
     checkpoint_every: int = 10
     """Write a checkpoint (RUN_DIR/checkpoints/) every this many learner steps, and at the end (0: never)."""
     keep_checkpoints: int = 2

@@ -12,6 +12,7 @@ import json
 import math
 import os
 import socket
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -23,39 +24,78 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, Place
 
 from actors.buffer import ReplayBuffer
 from actors.learner import Learner
+from actors.model_files import ModelFiles
 from actors.rollout import RolloutWorker
 from algorithms import get_algorithm
 from asyncrl.analysis import bottleneck, eval_summary
 from asyncrl.checkpoint import latest_checkpoint, read_state, truncate_metrics, write_checkpoint
 from asyncrl.config import Config
 from asyncrl.metrics import MetricsSink
-from asyncrl.models.tiny import resolve_model_path
+from asyncrl.models import model_source
+from asyncrl.models.cache import ModelSource, model_on_this_node
 from asyncrl.tasks import make_reward, make_task
 from asyncrl.weights import free_port
 
 ACTOR_ENV = {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "VLLM_NO_USAGE_STATS": "1", "WANDB_SILENT": "true", "VLLM_LOGGING_LEVEL": "ERROR"}
 
 
-def check_reachable(address: str, timeout_s: float = 5.0) -> None:
-    """Fail in seconds, naming the address, when nothing listens there (ray.init would retry for minutes)."""
+def unreachable(address: str, timeout_s: float = 5.0) -> str:
+    """Why nothing answers at a Ray address ("" when something does, or for forms Ray resolves itself)."""
     host, _, port = address.split("://", 1)[-1].rpartition(":")
     if not port.isdigit():  # "auto" and other forms Ray resolves itself
-        return
+        return ""
     try:
         socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout_s).close()
     except OSError as exc:
-        raise ValueError(f"Ray address {address!r} (run.ray_address or RAY_ADDRESS): nothing answers at {host}:{port} ({exc})") from exc
+        return f"nothing answers at {host}:{port} ({exc})"
+    return ""
+
+
+def check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """Fail in seconds, naming the address, when nothing listens there (ray.init would retry for minutes)."""
+    if why := unreachable(address, timeout_s):
+        raise ValueError(f"Ray address {address!r} (run.ray_address or RAY_ADDRESS): {why}")
+
+
+def recorded_cluster() -> tuple[str, str]:
+    """(address, file) of the cluster the last `ray start` on this machine recorded, ("", file) if none."""
+    from ray._common.utils import get_ray_address_file  # where ray.init() itself looks
+
+    path = get_ray_address_file(None)
+    return (Path(path).read_text().strip() if os.path.isfile(path) else ""), path
+
+
+def choose_cluster(given: str, recorded: str, record_file: str, why_unreachable: str) -> tuple[str, str]:
+    """Which cluster to use: (address for ray.init, "" to start a local one; a line to tell the user, or "").
+
+    `given` is run.ray_address or RAY_ADDRESS ("local": always a fresh local cluster); without it, a cluster that
+    `ray start` recorded is joined if it answers, and a record left by a head that died without `ray stop` is
+    named and passed over (ray.init would try to join it and fail with an unrelated message)."""
+    if given:
+        return ("" if given == "local" else given), ""
+    if not recorded:
+        return "", ""
+    if why_unreachable:
+        return "", (f"asyncrl: {record_file} names a Ray cluster at {recorded}, but {why_unreachable}: a head stopped "
+                    f"without `ray stop` left it behind (`ray stop` removes it). Starting a local cluster instead.")
+    return recorded, f"asyncrl: joining the Ray cluster at {recorded} (started by `ray start`; run.ray_address=local for a private one)"
 
 
 def connect_ray(cfg: Config) -> bool:
-    """Join RAY_ADDRESS / run.ray_address when given, else start a local cluster. True if started here."""
-    address = cfg.run.ray_address or os.environ.get("RAY_ADDRESS", "")
+    """Join RAY_ADDRESS / run.ray_address, or the cluster `ray start` recorded, else start a local cluster.
+    True if started here."""
+    given = cfg.run.ray_address or os.environ.get("RAY_ADDRESS", "")
+    recorded, record_file = ("", "") if given else recorded_cluster()
+    address, message = choose_cluster(given, recorded, record_file, unreachable(recorded) if recorded else "")
+    if message:
+        print(message, file=sys.stderr, flush=True)
     runtime_env = {"env_vars": ACTOR_ENV}
     if address:
         ray.init(address=address, runtime_env=runtime_env, logging_level="WARNING")
         return False
     need = cfg.rollout.num_workers * cfg.rollout.num_cpus + cfg.learner.num_workers * cfg.learner.num_cpus
-    ray.init(num_cpus=max(os.cpu_count() or 1, math.ceil(need)), runtime_env=runtime_env, logging_level="WARNING", include_dashboard=False)
+    ray.init(address="local", num_cpus=max(os.cpu_count() or 1, math.ceil(need)), runtime_env=runtime_env,
+             logging_level="WARNING", include_dashboard=False)
     return True
 
 
@@ -78,9 +118,9 @@ def in_pool(pg: PlacementGroup, index: int) -> PlacementGroupSchedulingStrategy:
 
 
 class Controller:
-    def __init__(self, cfg: Config, run_dir: Path, model_path: str, resume: Path | None = None) -> None:
+    def __init__(self, cfg: Config, run_dir: Path, model: ModelSource, resume: Path | None = None) -> None:
         """Build every part; with `resume` (a checkpoint directory) continue that run's state."""
-        self.cfg, self.run_dir, self.model_path = cfg, run_dir, model_path
+        self.cfg, self.run_dir, self.model = cfg, run_dir, model
         state = read_state(resume) if resume is not None else {}
         self.cursors = {int(k): v for k, v in state.get("worker_cursors", {}).items()}  # prompts drawn before this process
         self.run_id = f"{run_dir.name}-{uuid.uuid4().hex[:6]}"
@@ -90,9 +130,11 @@ class Controller:
         # separate pools, so that on a cluster the two land where their resources are
         self.pools = [resource_pool("learner", l.num_workers, l.num_cpus, l.num_gpus, l.resources)]
         self.pools.append(resource_pool("rollout", r.num_workers, r.num_cpus, r.num_gpus, r.resources))
+        self.pool_nodes = [list(ray.util.placement_group_table(pg)["bundles_to_node_id"].values()) for pg in self.pools]
+        self.model_paths = place_model(model, {n for nodes in self.pool_nodes for n in nodes})
         learner_opts = {"num_cpus": l.num_cpus, "num_gpus": l.num_gpus, "resources": l.resources}
         self.learners = [
-            ray.remote(Learner).options(**learner_opts, scheduling_strategy=in_pool(self.pools[0], i)).remote(cfg, model_path, i)
+            ray.remote(Learner).options(**learner_opts, scheduling_strategy=in_pool(self.pools[0], i)).remote(cfg, self.model_paths[self.pool_nodes[0][i]], i)
             for i in range(l.num_workers)
         ]
         self.learner = self.learners[0]  # rank 0 publishes weights and saves
@@ -123,7 +165,7 @@ class Controller:
         r = self.cfg.rollout
         opts = {"num_cpus": r.num_cpus, "num_gpus": r.num_gpus, "resources": r.resources, "max_concurrency": 4}
         return (ray.remote(RolloutWorker).options(**opts, scheduling_strategy=in_pool(self.pools[1], i))
-                .remote(i, self.cfg, self.model_path, self.buffer, self.run_id, cursor, first_group))
+                .remote(i, self.cfg, self.model_paths[self.pool_nodes[1][i]], self.buffer, self.run_id, cursor, first_group))
 
     def worker_stats(self, timeout_s: float = 60.0) -> list[dict]:
         """Every worker's counters; a worker whose process died is replaced first (and its lost groups recorded)."""
@@ -234,7 +276,7 @@ class Controller:
         ends = ray.get([w.stop.remote() for w in self.workers])
         buffer_counts = ray.get(self.buffer.close.remote())
         after = self.evaluate()
-        ray.get(self.learner.save.remote(str(self.run_dir / "final_model"), self.model_path))
+        ray.get(self.learner.save.remote(str(self.run_dir / "final_model"), self.model_paths[self.pool_nodes[0][0]]))
         return {
             "steps": cfg.run.steps, "resumed_at_step": self.start_step or None, "wall_s": time.time() - t_start, "policy_version": self.version,
             **eval_summary(before, after),
@@ -404,6 +446,30 @@ class Controller:
             remove_placement_group(pg)
 
 
+def place_model(model: ModelSource, nodes: set[str]) -> dict[str, str]:
+    """Each node's directory of the model: on the driver's node its own; on every other node found there, or for a
+    built-in copied from the driver's node first (one task per node). A node that lacks a local model directory
+    fails the run with a ValueError naming the node and the path."""
+    here = ray.get_runtime_context().get_node_id()
+    paths = {here: model.path}
+    others = sorted(nodes - {here})
+    if not others:
+        return paths
+    pin = NodeAffinitySchedulingStrategy(here, soft=False)
+    files = ray.remote(ModelFiles).options(num_cpus=0, scheduling_strategy=pin).remote(model.path) if model.builtin else None
+    read = None if files is None else (lambda rel, offset, size: ray.get(files.read.remote(rel, offset, size)))
+    find = ray.remote(model_on_this_node).options(num_cpus=0, max_retries=0)
+    refs = [find.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n, soft=False)).remote(model, read) for n in others]
+    try:
+        paths.update(zip(others, ray.get(refs)))
+    except ray.exceptions.RayTaskError as exc:
+        raise ValueError(str(exc.cause)) from None
+    finally:
+        if files is not None:
+            ray.kill(files)
+    return paths
+
+
 def batch_histograms(batch: list[dict], version: int) -> dict[str, list[float]]:
     """Per-sample values of one batch, for wandb histograms."""
     return {
@@ -435,22 +501,22 @@ def run(cfg: Config, resume: bool = False) -> dict:
     trajectories and wandb append (a new run_id marks the records of this attempt).
     """
     check_plugins(cfg)
-    model_path = str(resolve_model_path(cfg.model.path, cfg.task.digits, cfg.run.seed, cfg.model.cache_dir))
+    model = model_source(cfg.model.path, cfg.task.digits, cfg.run.seed, cfg.model.cache_dir)
     checkpoint = None
     if resume:
         checkpoint = latest_checkpoint(Path(cfg.run.output_dir))
         if checkpoint is None:
             raise ValueError(f"--resume: no checkpoint in {Path(cfg.run.output_dir) / 'checkpoints'} (run.checkpoint_every was 0, or the run stopped before its first)")
         truncate_metrics(Path(cfg.run.output_dir) / "metrics.jsonl", read_state(checkpoint)["next_step"])
-    if cfg.run.ray_address or os.environ.get("RAY_ADDRESS"):
-        check_reachable(cfg.run.ray_address or os.environ["RAY_ADDRESS"])
+    if (given := cfg.run.ray_address or os.environ.get("RAY_ADDRESS", "")) and given != "local":
+        check_reachable(given)
     run_dir = prepare_run_dir(cfg)
     started = connect_ray(cfg)
     wandb_id = (run_dir / "wandb_run_id").read_text().strip() if resume and (run_dir / "wandb_run_id").is_file() else None
     sink = MetricsSink(run_dir, cfg.to_dict(), cfg.logging.wandb, cfg.logging.wandb_project, cfg.logging.wandb_mode, cfg.logging.console, wandb_id)
     controller = None
     try:
-        controller = Controller(cfg, run_dir, model_path, checkpoint)
+        controller = Controller(cfg, run_dir, model, checkpoint)
         summary = controller.train(sink)
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         sink.summary({k: v for k, v in summary.items() if isinstance(v, (int, float))})

@@ -75,7 +75,7 @@ def engine_alone(config: Path, n_groups: int, limits: list[int | None]) -> list[
     limit on the requests in flight (None: as many as the worker may have, max_inflight_groups x group_size)."""
     from actors.engine import VLLMEngine
     from asyncrl.config import load_config
-    from asyncrl.models.tiny import resolve_model_path
+    from asyncrl.models import model_dir
     from asyncrl.tasks import encode_prompt, make_task
     from asyncrl.util import pin_to_cores
 
@@ -85,7 +85,7 @@ def engine_alone(config: Path, n_groups: int, limits: list[int | None]) -> list[
 
     torch.set_num_threads(1)
     r = cfg.rollout
-    path = str(resolve_model_path(cfg.model.path, cfg.task.digits, cfg.run.seed, cfg.model.cache_dir))
+    path = str(model_dir(cfg))
     engine = VLLMEngine(path, cfg.model.dtype, cfg.model.max_model_len, cfg.run.seed, r.kv_cache_gib, r.gpu_memory_utilization)
     params = engine.sampling_params(r.temperature, r.top_p, r.max_new_tokens)
     prompts = make_task(cfg.task, cfg.run.seed).train_prompts(seed=cfg.run.seed * 1000)

@@ -32,12 +32,12 @@ def probe(config: str, problems: int, k: int, threads: int) -> dict:
 
     from actors.engine import VLLMEngine
     from asyncrl.config import load_config
-    from asyncrl.models.tiny import resolve_model_path
+    from asyncrl.models import model_dir
     from asyncrl.tasks import encode_prompt, make_reward, make_task
 
     cfg = load_config(ROOT / config)
     os.environ.setdefault("OMP_NUM_THREADS", str(threads))
-    path = str(resolve_model_path(cfg.model.path, cfg.task.digits, cfg.run.seed, str(ROOT / cfg.model.cache_dir)))
+    path = str(model_dir(cfg))
     r = cfg.rollout
     engine = VLLMEngine(path, cfg.model.dtype, cfg.model.max_model_len, cfg.run.seed, r.kv_cache_gib, r.gpu_memory_utilization)
     reward = make_reward(cfg.task.reward)

@@ -193,10 +193,10 @@ def ensure_venv(venv: Path, requirements: Path, remove: tuple[str, ...] = ()) ->
 def model_path(config: Path) -> str:
     """The model the job trains (a built-in is built once and cached, as asyncrl.run does)."""
     from asyncrl.config import load_config
-    from asyncrl.models.tiny import resolve_model_path
+    from asyncrl.models import model_dir
 
     cfg = load_config(config)
-    return str(resolve_model_path(cfg.model.path, cfg.task.digits, cfg.run.seed, str(ROOT / cfg.model.cache_dir)))
+    return str(model_dir(cfg))
 
 
 # ----------------------------------------------------------------------------- the two runs

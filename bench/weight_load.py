@@ -58,14 +58,14 @@ def main() -> None:
 
     from actors.engine import VLLMEngine
     from asyncrl.config import load_config
-    from asyncrl.models.tiny import resolve_model_path
+    from asyncrl.models import model_dir
     from asyncrl.tasks import encode_prompt, make_task
     from asyncrl.util import pin_to_cores
 
     cfg = load_config(args.config)
     pin_to_cores(cfg.rollout.cpu_affinity)
     torch.set_num_threads(1)
-    path = str(resolve_model_path(cfg.model.path, cfg.task.digits, cfg.run.seed, cfg.model.cache_dir))
+    path = str(model_dir(cfg))
     r = cfg.rollout
     engine = VLLMEngine(path, cfg.model.dtype, cfg.model.max_model_len, cfg.run.seed, r.kv_cache_gib, r.gpu_memory_utilization)
     prompt = encode_prompt(engine.tokenizer, next(make_task(cfg.task, cfg.run.seed).train_prompts(seed=0)).text, cfg.task.chat)

@@ -25,19 +25,21 @@ def random_model_dir(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="session")
 def tiny_model_dir() -> str:
-    """The warm-started tiny model, built once into the repo cache (as `make run` does)."""
-    from asyncrl.models.tiny import resolve_model_path
+    """The warm-started tiny model, built once into the model cache (as `make run` does)."""
+    from asyncrl.models import resolve_model_path
+    from asyncrl.models.cache import cache_dir
 
-    return str(resolve_model_path("tiny", digits=2, seed=0, cache_dir=str(ROOT / ".cache/models")))
+    return str(resolve_model_path("tiny", digits=2, seed=0, cache_dir=cache_dir()))
 
 
 @pytest.fixture(scope="session")
 def smollm2_dir() -> str:
     """SmolLM2-135M-Instruct converted from its PyPI wheel into the repo cache (once, about a minute), as
     `model.path=smollm2-135m-instruct` does."""
-    from asyncrl.models.tiny import resolve_model_path
+    from asyncrl.models import resolve_model_path
+    from asyncrl.models.cache import cache_dir
 
-    return str(resolve_model_path("smollm2-135m-instruct", digits=2, seed=0, cache_dir=str(ROOT / ".cache/models")))
+    return str(resolve_model_path("smollm2-135m-instruct", digits=2, seed=0, cache_dir=cache_dir()))
 
 
 @pytest.fixture(scope="module")

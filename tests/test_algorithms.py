@@ -4,12 +4,16 @@ import sys
 import textwrap
 import types
 
+from pathlib import Path
+
 import pytest
 import torch
+from torch.overrides import TorchFunctionMode
 
+import algorithms
 from algorithms import AdvantageInputs, LossInputs, get_algorithm, register_algorithm, registered_algorithms
 from algorithms.base import (
-    ValueLossInputs, as_advantages, gae, group_relative_advantages, kl_k1, kl_k2, kl_k3, masked_mean, masked_whiten,
+    ValueLossInputs, as_advantages, gae, has_critic, group_relative_advantages, kl_k1, kl_k2, kl_k3, masked_mean, masked_whiten,
     token_level_rewards,
 )
 from asyncrl.config import AlgorithmConfig
@@ -256,3 +260,70 @@ def test_kl_penalty_in_reward_leaves_the_loss_alone():
     cfg = AlgorithmConfig(kl_coef=0.5, kl_penalty="reward")
     out = grpo.policy_loss(one_token(0.0, 0.0, 0.0, 0.0, ref=math.log(0.5)), cfg)
     assert out.loss.item() == 0.0
+
+
+# ---- device- and dtype-generic math: the next `torch.zeros(n)` without device= fails here, not on a GPU ----
+
+BUILT_IN = sorted(p.stem for p in Path(algorithms.__file__).parent.glob("*.py") if p.stem not in ("__init__", "base"))
+FACTORIES = {torch.zeros, torch.ones, torch.empty, torch.full, torch.tensor, torch.as_tensor, torch.arange, torch.rand,
+             torch.randn, torch.randint, torch.eye, torch.linspace}
+
+
+class DeviceFromInputs(TorchFunctionMode):
+    """Records every tensor factory called without `device=`: it would put a tensor on the CPU next to a CUDA
+    learner's. (The meta device cannot run these functions: torch.unique and .item() have no meta kernels.)"""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.offenders: list[str] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in FACTORIES and "device" not in kwargs:
+            self.offenders.append(func.__name__)
+        return func(*args, **kwargs)
+
+
+def float64_batch() -> tuple[AdvantageInputs, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    B, T = 6, 5
+    mask = torch.ones(B, T, dtype=torch.float64)
+    mask[0, 3:] = 0
+    rewards = torch.tensor([1.0, 0.0, 0.5, 1.0, 0.0, 0.0], dtype=torch.float64)
+    token_rewards = torch.zeros(B, T, dtype=torch.float64)
+    token_rewards[:, -1] = rewards
+    values = torch.rand(B, T, generator=g, dtype=torch.float64)
+    return AdvantageInputs(rewards, torch.tensor([7, 7, 7, 9, 9, 9]), mask, token_rewards, values), mask
+
+
+@pytest.mark.parametrize("name", BUILT_IN)
+@pytest.mark.parametrize("correction, level", [("decoupled", "token"), ("decoupled", "sequence"), ("tis", "token"), ("none", "token")])
+def test_every_builtin_keeps_its_inputs_device_and_dtype(name, correction, level):
+    assert name in registered_algorithms()
+    algo = get_algorithm(name)
+    cfg = AlgorithmConfig(name=name, correction=correction, is_level=level, kl_coef=0.1)
+    inputs, mask = float64_batch()
+    g = torch.Generator().manual_seed(1)
+    logprobs, proximal, behavior, ref, v = (torch.rand(mask.shape, generator=g, dtype=torch.float64) for _ in range(5))
+    logprobs = (-logprobs).requires_grad_()
+    v.requires_grad_()
+    guard = DeviceFromInputs()
+    with guard:
+        adv = as_advantages(algo.compute_advantages(inputs, cfg), mask, has_critic(algo))
+        per_token = adv.advantages if adv.advantages.dim() == 2 else adv.advantages[:, None].expand_as(mask)
+        out = algo.policy_loss(LossInputs(logprobs, -proximal, -behavior, per_token, mask, -ref), cfg)
+        out.loss.backward()
+        if has_critic(algo):
+            vout = algo.value_loss(ValueLossInputs(v, inputs.values, adv.returns, mask), cfg)
+            assert vout.loss.dtype == torch.float64
+    assert guard.offenders == [], f"{name}: tensor factories without device=: {guard.offenders}"
+    assert adv.advantages.dtype == torch.float64 and out.loss.dtype == torch.float64 and logprobs.grad.dtype == torch.float64
+    assert torch.isfinite(out.loss) and all(math.isfinite(v) for v in out.metrics.values())
+
+
+def test_the_device_guard_catches_a_bare_factory():
+    guard = DeviceFromInputs()
+    with guard:
+        torch.zeros(3)
+        torch.zeros(3, device="cpu")
+    assert guard.offenders == ["zeros"]

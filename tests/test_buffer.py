@@ -73,3 +73,13 @@ def test_dropped_groups_free_admission(tmp_path):
         await buf.put(group("bad", 0, status="dropped_error"))
         return await buf.admit(5)
     assert run(scenario()) == 1
+
+
+def test_group_ids_are_built_and_parsed_in_one_place():
+    from asyncrl.ids import GroupId, group_of
+
+    gid = GroupId("smoke-1a2b3c", 3, 17)
+    assert str(gid) == "smoke-1a2b3c-w3-g17" and GroupId.parse(str(gid)) == gid
+    assert GroupId.parse("run-with-w2-g5-in-it-w1-g4") == GroupId("run-with-w2-g5-in-it", 1, 4)  # the last -w/-g parts
+    assert group_of(gid.sample_id(7)) == str(gid)
+    assert GroupId.parse("made-by-hand") is None and GroupId.parse("x-w1-gA") is None

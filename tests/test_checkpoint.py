@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from asyncrl.checkpoint import latest_checkpoint, read_state, truncate_metrics, write_checkpoint
+from asyncrl.ids import GroupId
 from asyncrl.store import read_trajectories
 from asyncrl.util import pids_named
 from tests.test_learner import fake_samples, learner
@@ -132,7 +133,7 @@ def test_a_killed_rollout_worker_is_replaced_and_nothing_is_lost_silently(random
     assert all(r["status"] == "dropped_error" for r in lost)
     assert len(lost) == summary["samples"]["lost"] > 0
     # every group the dead worker was admitted for ended in the record: its group numbers have no gap
-    numbers = sorted({int(r["group_id"].rpartition("-g")[2]) for r in records})
+    numbers = sorted({GroupId.parse(r["group_id"]).number for r in records})
     assert numbers == list(range(len(numbers)))
 
 

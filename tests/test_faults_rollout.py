@@ -22,6 +22,7 @@ from actors.buffer import ReplayBuffer
 from actors.engine import Finished
 from actors.rollout import RolloutWorker, _Group
 from asyncrl.config import load_config
+from asyncrl.ids import GroupId
 from asyncrl.store import read_trajectories
 from asyncrl.tasks import Prompt, RewardRunner, RewardThreadsStuck, RewardTimeout
 
@@ -95,11 +96,12 @@ def stub_worker(reward, max_failures: int) -> RolloutWorker:
     return worker
 
 
-def finished_group(gid: str) -> _Group:
-    group = _Group(gid, PROMPT, [1, 2], time.time())
+def finished_group(n: int) -> _Group:
+    group = _Group(GroupId("t", 0, n), PROMPT, [1, 2], time.time())
     for i in range(GROUP):
-        group.starts[f"{gid}-{i}"] = 0
-        group.done[f"{gid}-{i}"] = (Finished(f"{gid}-{i}", [5] * (i + 1), [-1.0] * (i + 1), "stop"), 0, time.time())
+        sid = group.gid.sample_id(i)
+        group.starts[sid] = 0
+        group.done[sid] = (Finished(sid, [5] * (i + 1), [-1.0] * (i + 1), "stop"), 0, time.time())
     return group
 
 
@@ -113,12 +115,12 @@ def test_reward_failing_for_every_sample_of_n_groups_in_a_row_is_an_error():
 
     worker = stub_worker(reward, max_failures=3)
     for g in range(2):
-        rows = worker._score(finished_group(f"a{g}"))
+        rows = worker._score(finished_group(g))
         assert {(r["status"], r["status_reason"]) for r in rows} == {("dropped_error", "reward raised ValueError('boom')")}
     assert worker.reward_failures == 2 and worker.error is None
 
     fail["on"] = False  # a group where some samples score: dropped as a whole, but the reward works
-    rows = worker._score(finished_group("b"))
+    rows = worker._score(finished_group(100))
     assert [r["status_reason"] for r in rows] == ["reward raised ValueError('boom')"] + ["a sample of its group failed"] * 3
     assert [r["reward"] for r in rows] == [None, 1.0, 1.0, 1.0]
     assert worker.reward_failures == 0 and worker.error is None
@@ -126,7 +128,7 @@ def test_reward_failing_for_every_sample_of_n_groups_in_a_row_is_an_error():
     fail["on"] = True
     for g in range(3):
         assert worker.error is None
-        worker._score(finished_group(f"c{g}"))
+        worker._score(finished_group(200 + g))
     assert worker.error == ("rollout worker 0: reward 'my.reward' failed for the last 3 groups: reward raised ValueError('boom')")
     assert worker.counters["reward_errors"] == 5 * GROUP + 1
 

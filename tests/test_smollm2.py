@@ -11,7 +11,7 @@ from transformers import AutoTokenizer
 from asyncrl.config import load_config
 from asyncrl.controller import Controller
 from asyncrl.models import smollm2
-from asyncrl.models.tiny import resolve_model_path
+from asyncrl.models import resolve_model_path
 from asyncrl.tasks import encode_prompt
 
 LOGPROB_TOL = 2e-2

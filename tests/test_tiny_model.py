@@ -17,8 +17,8 @@ from asyncrl.models.tiny import (
     build_tiny_model,
     build_tokenizer,
     greedy_accuracy,
-    resolve_model_path,
 )
+from asyncrl.models import resolve_model_path
 from asyncrl.tasks import AdditionTask
 
 # A few SFT steps only: enough to check determinism and the saved layout, in seconds.

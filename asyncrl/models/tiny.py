@@ -12,7 +12,6 @@ and `resolve_model_path` treats it like any other local model (e.g. Qwen2.5-0.5B
 from __future__ import annotations
 
 import argparse
-import fcntl
 import hashlib
 import json
 import math
@@ -21,7 +20,7 @@ import random
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -29,7 +28,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-from asyncrl.models import smollm2
+from asyncrl.models.cache import cache_dir
 from asyncrl.tasks import TINY_HELD_OUT, AdditionTask, Prompt, carry_free_sum, exact_match
 
 BUILD_VERSION = 1  # bump when the recipe changes so cached models are rebuilt
@@ -291,55 +290,18 @@ def _save_atomic(out_dir: Path, model: Qwen2ForCausalLM, tokenizer: PreTrainedTo
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-BUILT_IN = ("tiny", smollm2.NAME)
-
-
-def resolve_model_path(path: str, digits: int, seed: int, cache_dir: str) -> Path:
-    """A built-in name -> its cached directory (built on first use): 'tiny', the project's addition model, or
-    'smollm2-135m-instruct', converted from its PyPI wheel; else a local HF model dir."""
-    if path == "tiny":
-        spec = TinySpec(digits=digits, seed=seed)
-        name = f"tiny-addition-d{digits}-s{seed}-{spec.key()}"
-        return _cached_build(Path(cache_dir) / name, lambda out: build_tiny_model(out, spec))
-    if path == smollm2.NAME:
-        return _cached_build(Path(cache_dir) / smollm2.cache_name(), smollm2.convert)
-    model_dir = Path(path).expanduser()
-    if not model_dir.is_dir():
-        raise ValueError(f"model path {path!r} is not an existing directory "
-                         f"(expected a built-in, {' or '.join(BUILT_IN)}, or a local Hugging Face model dir)")
-    if not (model_dir / "config.json").is_file():
-        raise ValueError(f"model path {path!r} has no config.json (not a Hugging Face model dir)")
-    return model_dir
-
-
-def _cached_build(out_dir: Path, build: Callable[[Path], object]) -> Path:
-    """`build(dir)` under a file lock unless already present, so concurrent callers build once; it writes into
-    a sibling temporary directory that is renamed into place, so an interrupted build leaves nothing behind."""
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    with open(out_dir.parent / f".{out_dir.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (out_dir / "config.json").is_file():
-            tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.build-", dir=out_dir.parent))
-            try:
-                build(tmp)
-                tmp.chmod(0o755)
-                shutil.rmtree(out_dir, ignore_errors=True)  # a half-written directory from before this scheme
-                os.replace(tmp, out_dir)
-            finally:
-                shutil.rmtree(tmp, ignore_errors=True)
-    return out_dir
-
-
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, help="build into DIR (default: .cache/models cache)")
+    parser.add_argument("--out", type=Path, help="build into DIR (default: the model cache, ~/.cache/asyncrl/models)")
     parser.add_argument("--digits", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     if args.out is not None:
         metrics = build_tiny_model(args.out, TinySpec(digits=args.digits, seed=args.seed))
     else:
-        out = resolve_model_path("tiny", args.digits, args.seed, cache_dir=".cache/models")
+        from asyncrl.models import resolve_model_path
+
+        out = resolve_model_path("tiny", args.digits, args.seed, cache_dir())
         metrics = {"path": str(out), **json.loads((out / "warmstart.json").read_text())["metrics"]}
     print(json.dumps(metrics, indent=2))
 
