@@ -23,7 +23,7 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 model: $(STAMP)
-	$(PY) -m asyncrl.models.tiny
+	$(PY) -m asyncrl.core.models.tiny
 
 # the run directory, following ARGS="run.output_dir=..." when given
 RUN_DIR = $(or $(patsubst run.output_dir=%,%,$(filter run.output_dir=%,$(ARGS))),runs/default)

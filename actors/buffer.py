@@ -14,11 +14,11 @@ import asyncio
 import time
 from collections import deque
 
-from asyncrl.config import Config
-from asyncrl.ids import GroupId
-from asyncrl.schema import Status, new_sample
-from asyncrl.staleness import admissible, is_stale
-from asyncrl.store import TrajectoryStore
+from asyncrl.core.config import Config
+from asyncrl.core.messages import GroupId
+from asyncrl.core.schema import Status, new_sample
+from asyncrl.core.staleness import admissible, is_stale
+from asyncrl.core.store import TrajectoryStore
 
 
 class ReplayBuffer:

@@ -106,15 +106,12 @@ class VLLMEngine:
         if request_ids:
             self.engine.abort_request(request_ids)
 
-    def init_weight_sync(self, host: str, port: int, rank: int, world: int, backend: str, meta: list, bucket_bytes: int):
-        return self.llm.collective_rpc("asyncrl_init_weight_sync", args=(host, port, rank, world, backend, meta, bucket_bytes))
+    def init_weight_sync(self, host: str, port: int, rank: int, world: int, transport: list, meta: list, bucket_bytes: int):
+        return self.llm.collective_rpc("asyncrl_init_weight_sync", args=(host, port, rank, world, list(transport), meta, bucket_bytes))
 
-    def receive_weights(self, ipc_handles: list | None = None) -> int:
-        """Receive the next version from the broadcast group, or map it from CUDA IPC handles."""
-        if ipc_handles is None:
-            received = sum(self.llm.collective_rpc("asyncrl_receive_weights"))
-        else:
-            received = sum(self.llm.collective_rpc("asyncrl_receive_weights_ipc", args=(ipc_handles,)))
+    def receive_weights(self, payload=None) -> int:
+        """Receive the next version through the weight transport (`payload`: what the learner's end sent with it)."""
+        received = sum(self.llm.collective_rpc("asyncrl_receive_weights", args=(payload,)))
         # KV computed by the old weights must not be reused: running requests are
         # preempted and re-prefilled with the new weights, their later tokens
         # come from the new version (recorded as policy_version_end). With none

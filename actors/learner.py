@@ -20,13 +20,14 @@ from transformers import AutoModelForCausalLM
 
 from algorithms import AdvantageInputs, LossInputs, get_algorithm
 from algorithms.base import KL_ESTIMATORS, LossOutput, ValueLossInputs, as_advantages, has_critic, kl_k3, masked_mean, token_level_rewards
-from asyncrl.batching import Batch, collate, sequence_stats, token_logprobs
-from asyncrl.config import Config
-from asyncrl import learner_group as lg
-from asyncrl.models.value import ValueModel
-from asyncrl.util import pin_to_cores
-from asyncrl import lora as lora_lib
-from asyncrl.weights import WeightSender, bucket_buffers, flatten_into_buckets, unpack, free_port, init_group, plan_buckets, resolve_backend, share_weights_ipc, tensor_meta
+from asyncrl.core.batching import Batch, collate, sequence_stats, token_logprobs
+from asyncrl.core.config import Config
+from asyncrl.core.messages import SentWeights
+from asyncrl.core import learner_group as lg
+from asyncrl.core.models.value import ValueModel
+from asyncrl.core.util import pin_to_cores
+from asyncrl.core import lora as lora_lib
+from asyncrl.core.weights import bucket_buffers, flatten_into_buckets, free_port, make_sender, plan_buckets, resolve_backend, tensor_meta, unpack
 
 
 def _device(name: str) -> torch.device:
@@ -60,8 +61,7 @@ class Learner:
         if self.critic is not None:
             self.critic_opt = torch.optim.AdamW(self.critic.parameters(), lr=cfg.learner.critic_lr, weight_decay=cfg.learner.weight_decay)
         self.pad_id = self.model.config.pad_token_id or 0
-        self.group = None  # the weight-broadcast group (rank 0 only)
-        self.sender: WeightSender | None = None
+        self.sender = None  # this end of the weight transport (rank 0 only; asyncrl.core.weights.make_sender)
         self.weight_wait_s = 0.0  # this step's wait for a version in flight to leave the parameters
         self.flat_weights: list[torch.Tensor] | None = None  # what a sync sends, one flat buffer per send bucket
         self.merge_views: list[torch.Tensor] | None = None  # LoRA: each merged weight's place in flat_weights
@@ -100,41 +100,46 @@ class Learner:
         return [[m.name, m.dtype, list(m.shape)] for m in tensor_meta(self._sync_tensors())]
 
     def backend(self) -> str:
-        if self.cfg.learner.weight_transport == "cuda_ipc":
-            return "cuda_ipc"
+        """The torch.distributed backend of the learner's groups: gloo on CPUs, NCCL on GPUs (`learner.backend`)."""
         return resolve_backend(self.cfg.learner.backend, self.device)
+
+    def transport(self) -> tuple[str, str]:
+        """(learner.weight_transport, backend): what an engine needs to build its end of the weight sync."""
+        return self.cfg.learner.weight_transport, self.backend()
 
     def init_weight_sync(self, host: str, port: int, world_size: int) -> bool:
         """(Re)build the weight group; a version still in flight to the old group is abandoned."""
-        if self.sender is not None:
-            try:
-                self.sender.wait()
-            except RuntimeError:  # a receiver of the old group died: that is why the group is being rebuilt
-                pass
         self.params = [p for _, p in self.model.named_parameters()]
         meta = tensor_meta(self._sync_tensors())
         self.buckets = plan_buckets(meta, self.cfg.learner.sync_bucket_bytes)
-        if self.backend() != "cuda_ipc":
-            if self.flat_weights is None and self.lora_modules is not None:  # once: buffers the merged weights are written into
+        if self.sender is None:
+            transport = self.cfg.learner.weight_transport
+            if transport == "broadcast" and self.lora_modules is not None:  # buffers the merged weights are written into
                 self.flat_weights = bucket_buffers(meta, self.buckets, self.device)
                 self.merge_views = [v for buf, bucket in zip(self.flat_weights, self.buckets) for _, v in unpack(buf, meta, bucket)]
-            elif self.flat_weights is None:  # once: the policy's parameters then live in the send buckets
+            elif transport == "broadcast":  # the policy's parameters then live in the send buckets
                 self.flat_weights = flatten_into_buckets(self.params, self.buckets)
-            self.group = init_group(host, port, 0, world_size, self.backend())
-            self.sender = WeightSender(self.group, self.flat_weights)
+            self.sender = make_sender(transport, self.backend(), self.params, self.buckets, self.flat_weights)
+        self.sender.connect(host, port, world_size)
         return True
 
-    def broadcast_weights(self) -> dict:
-        """Post the current weights to the group and return without waiting for the engines (WeightSender, in place:
-        the next optimizer step waits for the transfer, the forward and backward passes before it do not)."""
+    def send_weights(self) -> SentWeights:
+        """Post the current weights and return without waiting for the engines: bytes, seconds and the payload the
+        engines need to receive them (None for a broadcast; CUDA IPC handles). With a broadcast the weights are sent
+        in place: the next optimizer step waits for the transfer, the forward and backward passes before it do not."""
         t0 = time.monotonic()
         if self.merge_views is not None:  # LoRA: merge into the send buffers once the version before has left them
             self.sender.wait()
             with torch.no_grad():
                 for view, (_, weight) in zip(self.merge_views, self._sync_tensors()):
                     view.copy_(weight)
-        sent = self.sender.publish()
-        return {"seconds": time.monotonic() - t0, "bytes": sent}
+        sent, payload = self.sender.send()
+        return SentWeights(bytes=sent, seconds=time.monotonic() - t0, payload=payload)
+
+    def weights_loaded(self) -> bool:
+        """Every engine has loaded the version sent last: what was kept for it may go."""
+        self.sender.release()
+        return True
 
     def _weights_writable(self) -> None:
         """The weights are about to change: the version in flight must have left them (timed: `time/weight_wait_s`).
@@ -143,18 +148,6 @@ class Learner:
             t0 = time.monotonic()
             self.sender.wait()
             self.weight_wait_s += time.monotonic() - t0
-
-    def share_weights_ipc(self) -> dict:
-        """cuda_ipc: pack the weights and return one IPC handle per bucket; the buffers live until release."""
-        t0 = time.monotonic()
-        with torch.no_grad():
-            handles, self._ipc_buffers = share_weights_ipc(self.params, self.buckets)
-        sent = sum(b.numel() * b.element_size() for b in self._ipc_buffers)
-        return {"handles": handles, "seconds": time.monotonic() - t0, "bytes": sent}
-
-    def release_weights_ipc(self) -> bool:
-        self._ipc_buffers = []
-        return True
 
     # ---- training ------------------------------------------------------------------
 

@@ -1,9 +1,9 @@
-"""Serves the driver node's copy of a built-in model to nodes whose cache lacks it (asyncrl.models.cache)."""
+"""Serves the driver node's copy of a built-in model to nodes whose cache lacks it (asyncrl.core.models.cache)."""
 from __future__ import annotations
 
 from pathlib import Path
 
-from asyncrl.models.cache import read_chunk
+from asyncrl.core.models.cache import read_chunk
 
 
 class ModelFiles:

@@ -26,7 +26,7 @@ Faults are counted drops, not crashes; every sample still ends in one status:
 
 - A reward call that raises, or runs past `task.reward_timeout_s`, drops its
   group as dropped_error (`reward_errors`, `reward_timeouts`). Rewards run on
-  a few daemon threads (asyncrl.tasks.RewardRunner) and the loop waits for each
+  a few daemon threads (asyncrl.core.tasks.RewardRunner) and the loop waits for each
   call up to the timeout; a timed-out call cannot be killed and keeps its
   thread, so once all of them are held the worker reports an error.
 - When every sample of `task.max_consecutive_reward_failures` groups in a row
@@ -35,25 +35,26 @@ Faults are counted drops, not crashes; every sample still ends in one status:
 - A prompt that is empty or too long for the engine becomes a group recorded
   as dropped_error without generating (`bad_prompts`); the loop goes on.
 
-A worker that reports an error (`stats()["error"]`) stops its loop; what was
+A worker that reports an error (`stats().error`) stops its loop; what was
 still generating is recorded as aborted by `stop()`.
 """
 from __future__ import annotations
 
+import dataclasses
 import queue
-from collections import deque
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 import ray
 
 from actors.engine import Finished, VLLMEngine
-from asyncrl.config import Config
-from asyncrl.ids import GroupId, group_of
-from asyncrl.schema import Status, new_sample
-from asyncrl.tasks import Prompt, RewardRunner, RewardThreadsStuck, RewardTimeout, encode_prompt, make_reward, make_task
-from asyncrl.util import pin_to_cores
+from asyncrl.core.config import Config
+from asyncrl.core.messages import GroupId, LoadReport, WorkerCounters, WorkerStats, group_of
+from asyncrl.core.schema import Status, new_sample
+from asyncrl.core.tasks import Prompt, RewardRunner, RewardThreadsStuck, RewardTimeout, encode_prompt, make_reward, make_task
+from asyncrl.core.util import pin_to_cores
 
 
 @dataclass
@@ -73,10 +74,11 @@ class _Group:
 @dataclass
 class _Update:
     version: int
-    handles: list | None = None  # CUDA IPC handles (learner.weight_transport=cuda_ipc); None: broadcast
+    payload: object = None  # what the learner's end of the weight transport sent with the version (broadcast: None)
     init_args: tuple | None = None  # (re)join the weight group instead of loading weights (after a worker restart)
     done: threading.Event = field(default_factory=threading.Event)
-    result: dict = field(default_factory=dict)
+    result: object = None  # a LoadReport, or for a join whether every engine worker joined
+    error: str | None = None
 
 
 TRACE_LIMIT = 200_000
@@ -112,9 +114,7 @@ class RolloutWorker:
         self.updates: queue.Queue[_Update] = queue.Queue()
         self.stop_flag = threading.Event()
         self.thread: threading.Thread | None = None
-        self.counters = {"groups_started": 0, "groups_done": 0, "tokens": 0, "busy_s": 0.0, "idle_s": 0.0, "weight_updates": 0,
-                         "resubmitted": 0, "drain_s": 0.0, "update_s": 0.0, "loop_s": 0.0, "reward_errors": 0, "reward_timeouts": 0, "bad_prompts": 0,
-                         "prompts_drawn": 0}  # prompts_drawn: the data cursor a checkpoint records
+        self.counters = WorkerCounters()
         self.pending_puts: list = []
         self.trace: deque[tuple[float, int]] = deque(maxlen=TRACE_LIMIT)  # (wall time, requests in the engine) per engine step
         self.admission = None  # the buffer.admit call in flight, if any
@@ -126,20 +126,20 @@ class RolloutWorker:
     def node_id(self) -> str:
         return ray.get_runtime_context().get_node_id()
 
-    def init_weight_sync(self, host: str, port: int, rank: int, world: int, backend: str, meta: list, bucket_bytes: int) -> bool:
+    def init_weight_sync(self, host: str, port: int, rank: int, world: int, transport: list, meta: list, bucket_bytes: int) -> bool:
         """Join the weight group (again, after another worker was replaced: then between two engine steps)."""
-        update = _Update(self.version, init_args=(host, port, rank, world, backend, meta, bucket_bytes))
-        return self._through_loop(update)["joined"]
+        update = _Update(self.version, init_args=(host, port, rank, world, transport, meta, bucket_bytes))
+        return self._through_loop(update)
 
     def start(self) -> None:
         self.thread = threading.Thread(target=self._loop, name=f"rollout-{self.id}", daemon=True)
         self.thread.start()
 
-    def update_weights(self, version: int, handles: list | None = None) -> dict:
+    def update_weights(self, version: int, payload=None) -> LoadReport:
         """Blocks until the loop has received and loaded `version` (between two engine steps; with drain, once nothing runs)."""
-        return self._through_loop(_Update(version, handles))
+        return self._through_loop(_Update(version, payload))
 
-    def _through_loop(self, update: _Update) -> dict:
+    def _through_loop(self, update: _Update) -> object:
         """Have the loop thread apply `update` between two engine steps (or apply it here when no loop runs)."""
         thread = self.thread
         if thread is None or not thread.is_alive():
@@ -149,15 +149,15 @@ class RolloutWorker:
             while not update.done.wait(0.1):
                 if not thread.is_alive():  # the loop ended (an error) before taking it: load here, as for a loop already ended
                     self._apply_queued()
-        if "error" in update.result:
-            raise RuntimeError(update.result["error"])
+        if update.error is not None:
+            raise RuntimeError(update.error)
         return update.result
 
-    def stats(self) -> dict:
-        return {**self.counters, "version": self.version, "inflight_groups": len(self.inflight), "worker_id": self.id,
-                "reward_threads_stuck": self.reward.stuck, "error": self.error}
+    def stats(self) -> WorkerStats:
+        return WorkerStats(**dataclasses.asdict(self.counters), worker_id=self.id, version=self.version,
+                           inflight_groups=len(self.inflight), reward_threads_stuck=self.reward.stuck, error=self.error)
 
-    def stop(self) -> dict:
+    def stop(self) -> WorkerStats:
         """Stop the loop; in-flight samples are recorded as aborted. Returns counters."""
         self.stop_flag.set()
         if self.thread is not None:
@@ -208,7 +208,7 @@ class RolloutWorker:
             raise
 
     def _fail(self, message: str) -> None:
-        """Report an error (stats()["error"], which stops the run) and end the loop after the current step."""
+        """Report an error (stats().error, which stops the run) and end the loop after the current step."""
         if self.error is None:
             self.error = f"rollout worker {self.id}: {message}"
 
@@ -219,7 +219,7 @@ class RolloutWorker:
         try:
             self._loop_steps()
         finally:
-            self.counters["loop_s"] += time.monotonic() - started
+            self.counters.loop_s += time.monotonic() - started
 
     def _loop_steps(self) -> None:
         next_admit = 0.0
@@ -235,7 +235,7 @@ class RolloutWorker:
                     ray.wait([self.admission], timeout=0.005)
                 else:
                     self.stop_flag.wait(0.005)
-                self.counters["idle_s"] += time.monotonic() - t0
+                self.counters.idle_s += time.monotonic() - t0
 
     def _admit(self, next_admit: float) -> float:
         """Start the groups of an answered admission call, and ask for more when there is room; returns when to ask
@@ -261,7 +261,7 @@ class RolloutWorker:
         self.trace.append((time.time(), self.engine.num_unfinished()))
         t0 = time.monotonic()
         finished = self.engine.step()
-        self.counters["busy_s"] += time.monotonic() - t0
+        self.counters.busy_s += time.monotonic() - t0
         self._collect(finished)
 
     def _apply_queued(self) -> None:
@@ -275,14 +275,14 @@ class RolloutWorker:
     def _apply(self, update: _Update) -> None:
         try:
             if update.init_args is not None:
-                update.result = {"joined": all(self.engine.init_weight_sync(*update.init_args))}
+                update.result = all(self.engine.init_weight_sync(*update.init_args))
             else:
-                update.result = self._update(update.version, update.handles)
+                update.result = self._update(update.version, update.payload)
         except Exception as exc:  # reported to the caller of update_weights, which fails the run
-            update.result = {"error": f"weight update failed on worker {self.id}: {exc!r}"}
+            update.error = f"weight update failed on worker {self.id}: {exc!r}"
         update.done.set()
 
-    def _update(self, version: int, handles: list | None = None) -> dict:
+    def _update(self, version: int, payload=None) -> LoadReport:
         """Load `version`; running requests are kept, aborted and resubmitted, or drained first (rollout.weight_update)."""
         mode = self.cfg.rollout.weight_update
         started = time.monotonic()
@@ -290,12 +290,12 @@ class RolloutWorker:
             self._drain()
         aborted = self._abort_unfinished() if mode == "abort" else []
         t0 = time.monotonic()
-        nbytes = self.engine.receive_weights(handles)
+        nbytes = self.engine.receive_weights(payload)
         self.version = version
-        self.counters["weight_updates"] += 1
+        self.counters.weight_updates += 1
         self._resubmit(aborted)
-        self.counters["update_s"] += time.monotonic() - started
-        return {"seconds": time.monotonic() - t0, "bytes": nbytes, "version": version}
+        self.counters.update_s += time.monotonic() - started
+        return LoadReport(version=version, seconds=time.monotonic() - t0, bytes=nbytes)
 
     def _drain(self) -> None:
         """Step until every running request has finished on the current weights; nothing is admitted meanwhile.
@@ -304,7 +304,7 @@ class RolloutWorker:
         while self.engine.has_unfinished():
             t0 = time.monotonic()
             self._step()
-            self.counters["drain_s"] += time.monotonic() - t0
+            self.counters.drain_s += time.monotonic() - t0
 
     def _abort_unfinished(self) -> list[str]:
         """Abort every request still generating (the others are untouched); returns their sample ids."""
@@ -316,23 +316,23 @@ class RolloutWorker:
         """Restart aborted samples from their prompt: the new request starts, and is recorded, at the current version."""
         for sample_id in sample_ids:
             self._submit(self.inflight[group_of(sample_id)], sample_id)
-        self.counters["resubmitted"] += len(sample_ids)
+        self.counters.resubmitted += len(sample_ids)
 
     def _start_groups(self, n: int) -> None:
         """Start `n` admitted groups; a bad prompt's group is recorded as dropped_error instead (it still fills its admission)."""
         for _ in range(n):
             prompt = next(self.prompts)
-            self.counters["prompts_drawn"] += 1
+            self.counters.prompts_drawn += 1
             group = _Group(GroupId(self.run_id, self.id, self.next_group), prompt, [], time.time())
             self.next_group += 1
             try:
                 group.prompt_ids = self._encode(prompt.text)
             except BadPrompt as exc:
-                self.counters["bad_prompts"] += 1
+                self.counters.bad_prompts += 1
                 self._put(self._bad_prompt_records(group, str(exc)))
                 continue
             self.inflight[group.group_id] = group
-            self.counters["groups_started"] += 1
+            self.counters.groups_started += 1
             for i in range(self.cfg.rollout.group_size):
                 self._submit(group, group.gid.sample_id(i))
 
@@ -346,10 +346,10 @@ class RolloutWorker:
             group_id = group_of(out.request_id)
             group = self.inflight[group_id]
             group.done[out.request_id] = (out, self.version, now)
-            self.counters["tokens"] += len(out.token_ids)
+            self.counters.tokens += len(out.token_ids)
             if len(group.done) == self.cfg.rollout.group_size:
                 del self.inflight[group_id]
-                self.counters["groups_done"] += 1
+                self.counters.groups_done += 1
                 self._put(self._score(group))
 
     def _put(self, records: list[dict]) -> None:
@@ -371,10 +371,10 @@ class RolloutWorker:
                 self._fail(f"reward {self.cfg.task.reward!r}: {exc}")
             except RewardTimeout as exc:
                 reason = str(exc)
-                self.counters["reward_timeouts"] += 1
+                self.counters.reward_timeouts += 1
             except Exception as exc:  # a user reward failing must not kill the worker
                 reason = f"reward raised {exc!r}"
-                self.counters["reward_errors"] += 1
+                self.counters.reward_errors += 1
             if reason is not None:
                 failed.append(reason)
                 record.update(status=Status.DROPPED_ERROR.value, status_reason=reason)

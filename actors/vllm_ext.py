@@ -20,7 +20,7 @@ from collections.abc import Iterable
 
 import torch
 
-from asyncrl.weights import TensorMeta, WeightReceiver, init_group, open_weights_ipc, plan_buckets
+from asyncrl.core.weights import TensorMeta, make_receiver, plan_buckets
 
 
 def load_units(module_names: set[str], weight_names: Iterable[str]) -> list[str]:
@@ -58,26 +58,21 @@ def reload_units(model_runner, weights: list[tuple[str, torch.Tensor]], units: l
 
 class WeightSyncExtension:
     def asyncrl_init_weight_sync(
-        self, host: str, port: int, rank: int, world_size: int, backend: str, meta: list, bucket_bytes: int
+        self, host: str, port: int, rank: int, world_size: int, transport: list, meta: list, bucket_bytes: int
     ) -> bool:
+        """Build this worker's end of the weight transport (`transport`: [learner.weight_transport, backend])."""
         self._asyncrl_meta = [TensorMeta(n, d, tuple(s)) for n, d, s in meta]
         self._asyncrl_buckets = plan_buckets(self._asyncrl_meta, bucket_bytes)
         self._asyncrl_units = self._asyncrl_load_units([m.name for m in self._asyncrl_meta])
-        if backend != "cuda_ipc":  # IPC needs no group: handles come with each update
-            group = init_group(host, port, rank, world_size, backend)
-            device = torch.device(self.device) if isinstance(self.device, str) else self.device  # type: ignore[attr-defined]
-            self._asyncrl_receiver = WeightReceiver(group, self._asyncrl_meta, self._asyncrl_buckets, device)
+        device = torch.device(self.device) if isinstance(self.device, str) else self.device  # type: ignore[attr-defined]
+        self._asyncrl_receiver = make_receiver(*transport, self._asyncrl_meta, self._asyncrl_buckets, device)
+        self._asyncrl_receiver.connect(host, port, rank, world_size)
         return True
 
-    def asyncrl_receive_weights_ipc(self, handles: list) -> int:
-        """Colocated on the learner's GPU: map the learner's buckets and load them (no copy on the wire)."""
-        weights = list(open_weights_ipc(handles, self._asyncrl_meta, self._asyncrl_buckets, torch.cuda.current_device()))
-        reload_units(self.model_runner, weights, self._asyncrl_units)  # type: ignore[attr-defined]
-        return sum(t.numel() * t.element_size() for _, t in weights)
-
-    def asyncrl_receive_weights(self) -> int:
-        """Receive every bucket of the next version, then load the lot in one reload; returns bytes."""
-        reload_units(self.model_runner, list(self._asyncrl_receiver.receive()), self._asyncrl_units)  # type: ignore[attr-defined]
+    def asyncrl_receive_weights(self, payload=None) -> int:
+        """Receive the next version (from the group, or from the payload the learner's end made), then load it in
+        one reload; returns bytes."""
+        reload_units(self.model_runner, self._asyncrl_receiver.receive(payload), self._asyncrl_units)  # type: ignore[attr-defined]
         return self._asyncrl_receiver.nbytes
 
     def asyncrl_load_weights(self, weights: list[tuple[str, torch.Tensor]], scoped: bool = True) -> None:

@@ -5,7 +5,7 @@ status, the effective-sample rate, the response-length distribution (p50 / p90 /
 p99 / max, and how many stopped on EOS or were cut at the limit), reward and
 length by policy version, which
 learner steps moved kl/ref and reward the most, and the bottleneck verdict.
-The numbers come from `asyncrl.analysis`; this module only parses and formats.
+The numbers come from `asyncrl.analysis.runs`; this module only parses and formats.
 Exit status 2, with one line on stderr, when RUN_DIR is not a readable run.
 """
 from __future__ import annotations
@@ -15,8 +15,8 @@ import json
 import os
 import sys
 
-from asyncrl.analysis import export_jsonl, jsonable, load_run, report, select
-from asyncrl.schema import Status
+from asyncrl.analysis.runs import export_jsonl, jsonable, load_run, report, select
+from asyncrl.core.schema import Status
 
 NOT_FINISHED = "not finished (no summary.json): killed, crashed or still running"
 

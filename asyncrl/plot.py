@@ -24,7 +24,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from asyncrl.analysis import Run, load_run
+from asyncrl.analysis.runs import Run, load_run
 
 KL_KEYS = ("kl/ref", "kl/ref_k1", "kl/ref_k2", "kl/ref_k3", "kl/behavior")
 IS_RATIO_KEYS = ("is_ratio/mean", "is_ratio/max", "is_ratio/min")

@@ -14,7 +14,7 @@ import math
 import sys
 from pathlib import Path
 
-from asyncrl.config import ConfigError, load_config
+from asyncrl.core.config import ConfigError, load_config
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"asyncrl: config error: {exc}", file=sys.stderr)
         return 2
-    from asyncrl.controller import run  # heavy imports only after the config is valid
+    from asyncrl.orchestration.controller import run  # heavy imports only after the config is valid
 
     try:
         summary = run(cfg, resume=bool(args.resume))

@@ -49,9 +49,9 @@ sys.path.insert(0, str(ROOT))
 
 def run_job(config: Path, out: Path, steps: int, staleness: int) -> tuple[list[dict], dict, dict | None]:
     """Metrics rows of steps 1.., the summary and the run's response-length distribution."""
-    from asyncrl.analysis import load_run, response_lengths
+    from asyncrl.analysis.runs import load_run, response_lengths
 
-    overrides = [f"run.output_dir={out}", f"run.steps={steps}", f"buffer.max_staleness={staleness}", "run.eval=false",
+    overrides = [f"run.output_dir={out}", f"run.steps={steps}", "run.max_train_minutes=0", f"buffer.max_staleness={staleness}", "run.eval=false",
                  "logging.wandb=false", "logging.console=false", "run.checkpoint_every=0"]
     proc = subprocess.run([sys.executable, "-m", "asyncrl.run", "--config", str(config), *overrides],
                           cwd=ROOT, capture_output=True, text=True, timeout=3600)
@@ -74,10 +74,10 @@ def engine_alone(config: Path, n_groups: int, limits: list[int | None]) -> list[
     """Tokens/s of the bare vLLM engine on the rollout worker's core, prompts and sampling parameters, for each
     limit on the requests in flight (None: as many as the worker may have, max_inflight_groups x group_size)."""
     from actors.engine import VLLMEngine
-    from asyncrl.config import load_config
-    from asyncrl.models import model_dir
-    from asyncrl.tasks import encode_prompt, make_task
-    from asyncrl.util import pin_to_cores
+    from asyncrl.core.config import load_config
+    from asyncrl.core.models import model_dir
+    from asyncrl.core.tasks import encode_prompt, make_task
+    from asyncrl.core.util import pin_to_cores
 
     cfg = load_config(config)
     pin_to_cores(cfg.rollout.cpu_affinity)
@@ -113,7 +113,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = parser.parse_args()
-    from asyncrl.config import load_config
+    from asyncrl.core.config import load_config
 
     cfg = load_config(args.config)
     staleness = max(1, cfg.buffer.max_staleness)

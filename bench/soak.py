@@ -27,9 +27,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from asyncrl.config import load_config  # noqa: E402
-from asyncrl.store import read_trajectories  # noqa: E402
-from asyncrl.util import pids_named  # noqa: E402
+from asyncrl.core.config import load_config  # noqa: E402
+from asyncrl.core.store import read_trajectories  # noqa: E402
+from asyncrl.core.util import pids_named  # noqa: E402
 from results_io import publish  # bench/ is on sys.path when a benchmark runs as a script
 
 

@@ -31,9 +31,9 @@ def probe(config: str, problems: int, k: int, threads: int) -> dict:
     from vllm import SamplingParams
 
     from actors.engine import VLLMEngine
-    from asyncrl.config import load_config
-    from asyncrl.models import model_dir
-    from asyncrl.tasks import encode_prompt, make_reward, make_task
+    from asyncrl.core.config import load_config
+    from asyncrl.core.models import model_dir
+    from asyncrl.core.tasks import encode_prompt, make_reward, make_task
 
     cfg = load_config(ROOT / config)
     os.environ.setdefault("OMP_NUM_THREADS", str(threads))

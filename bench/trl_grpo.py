@@ -27,7 +27,7 @@ TRL's "dapo"), `mask_truncated` (TRL's `mask_truncated_completions`), the KL
 weight (TRL's beta), the task's prompt stream (worker 0's, eval problems
 excluded) and reward function, the chat template (`task.chat`: conversational
 prompts, which TRL renders with the generation prompt opened, as
-asyncrl.tasks.encode_prompt does), float32, and LoRA (`learner.lora`: the same
+asyncrl.core.tasks.encode_prompt does), float32, and LoRA (`learner.lora`: the same
 rank, alpha, target modules and top layers, through peft as asyncrl's learner).
 Generation is TRL's default on a CPU: transformers' `generate`; with --vllm,
 vLLM colocated in this process (`use_vllm=True, vllm_mode="colocate"`; needs
@@ -46,7 +46,7 @@ from itertools import islice
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # asyncrl.config, .tasks and .lora need only yaml, torch and peft
+sys.path.insert(0, str(ROOT))  # asyncrl.core.config, .tasks and .lora need only yaml, torch and peft
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -55,8 +55,8 @@ os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 import torch  # noqa: E402
 from transformers import TrainerCallback  # noqa: E402
 
-from asyncrl.config import Config, load_config  # noqa: E402
-from asyncrl.tasks import Prompt, make_reward, make_task  # noqa: E402
+from asyncrl.core.config import Config, load_config  # noqa: E402
+from asyncrl.core.tasks import Prompt, make_reward, make_task  # noqa: E402
 
 
 def settings(cfg: Config) -> dict:
@@ -79,7 +79,7 @@ def settings(cfg: Config) -> dict:
 
 
 def peft_config(cfg: Config, num_layers: int):
-    """asyncrl.lora.wrap's LoraConfig for the same `learner.lora`, or None for full fine-tuning."""
+    """asyncrl.core.lora.wrap's LoraConfig for the same `learner.lora`, or None for full fine-tuning."""
     lo = cfg.learner.lora
     if lo.rank <= 0:
         return None
@@ -110,7 +110,7 @@ def policy_weights(model: torch.nn.Module, lora: bool) -> dict[str, torch.Tensor
     """What a snapshot holds: with LoRA, the merged weights asyncrl's learner would send (checkpoint names);
     else the whole state_dict."""
     if lora:
-        from asyncrl.lora import merged_named_weights, sync_modules
+        from asyncrl.core.lora import merged_named_weights, sync_modules
 
         return {n: t.clone() for n, t in merged_named_weights(model, sync_modules(model))}
     return {k: v.detach().cpu() for k, v in model.state_dict().items()}

@@ -192,8 +192,8 @@ def ensure_venv(venv: Path, requirements: Path, remove: tuple[str, ...] = ()) ->
 
 def model_path(config: Path) -> str:
     """The model the job trains (a built-in is built once and cached, as asyncrl.run does)."""
-    from asyncrl.config import load_config
-    from asyncrl.models import model_dir
+    from asyncrl.core.config import load_config
+    from asyncrl.core.models import model_dir
 
     cfg = load_config(config)
     return str(model_dir(cfg))
@@ -206,7 +206,7 @@ def snapshot_steps(steps: int, every: int) -> list[int]:
 
 
 def asyncrl_command(config: Path, out: Path, steps: int, every: int) -> list[str]:
-    overrides = [f"run.output_dir={out}", f"run.steps={steps}", "logging.wandb=false", "logging.console=false",
+    overrides = [f"run.output_dir={out}", f"run.steps={steps}", "run.max_train_minutes=0", "logging.wandb=false", "logging.console=false",
                  "run.checkpoint_every=0", f"run.snapshot_every={every}",  # the policy's weights alone
                  "algorithm.kl_ref_every=0"]  # TRL at beta 0 has no reference model: no reference pass on either side
     return [sys.executable, "-m", "asyncrl.run", "--config", str(config), *overrides]
@@ -224,7 +224,7 @@ def run_asyncrl(config: Path, out: Path, steps: int, every: int) -> dict:
 
 def collect_asyncrl(out: Path, steps: int, every: int, command: str, wall: float | None) -> dict:
     """An asyncrl run's clock at its snapshots, from its run directory."""
-    from asyncrl.analysis import load_run, response_lengths
+    from asyncrl.analysis.runs import load_run, response_lengths
 
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
     points = asyncrl_points(rows, snapshot_steps(steps, every))
@@ -303,8 +303,8 @@ def evaluate(config: Path, model: str, sides: list[list[dict]]) -> float:
     from safetensors.torch import load_file
 
     from actors.engine import VLLMEngine
-    from asyncrl.config import load_config
-    from asyncrl.tasks import encode_prompt, make_reward, make_task
+    from asyncrl.core.config import load_config
+    from asyncrl.core.tasks import encode_prompt, make_reward, make_task
 
     t0 = time.perf_counter()
     cfg = load_config(config)
@@ -354,7 +354,7 @@ def job_line(cfg) -> str:
 
 def table(args: argparse.Namespace, mach: dict, sides: dict[str, dict], rs: dict[str, dict]) -> str:
     """`sides`: name -> run, asyncrl's first; `rs`: name of a TRL side -> ratios of asyncrl over it."""
-    from asyncrl.config import load_config
+    from asyncrl.core.config import load_config
 
     cfg = load_config(args.config)
     n_eval = cfg.task.eval_size

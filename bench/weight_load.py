@@ -6,7 +6,7 @@
 One vLLM engine of the job's model, pinned to the rollout worker's core as in a
 run. Two update sets: the tensors a sync of this job sends (with LoRA, the
 merged weights of the adapted layers and their fused siblings, from
-`asyncrl.lora.sync_modules` on the learner's own wrapping; else every
+`asyncrl.core.lora.sync_modules` on the learner's own wrapping; else every
 parameter) and the whole model. Each is the initial weights plus small noise
 (a load that did nothing would show). Each is loaded `--repeats` times by each
 method, in alternation, and timed (median); after each method's load the
@@ -33,7 +33,7 @@ def update_sets(cfg, model_path: str) -> dict[str, list]:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from asyncrl import lora
+    from asyncrl.core import lora
 
     torch.manual_seed(0)
     hf = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
@@ -57,10 +57,10 @@ def main() -> None:
     import torch
 
     from actors.engine import VLLMEngine
-    from asyncrl.config import load_config
-    from asyncrl.models import model_dir
-    from asyncrl.tasks import encode_prompt, make_task
-    from asyncrl.util import pin_to_cores
+    from asyncrl.core.config import load_config
+    from asyncrl.core.models import model_dir
+    from asyncrl.core.tasks import encode_prompt, make_task
+    from asyncrl.core.util import pin_to_cores
 
     cfg = load_config(args.config)
     pin_to_cores(cfg.rollout.cpu_affinity)

@@ -4,7 +4,7 @@
     .venv/bin/python bench/weight_sync.py --sizes tiny --repeats 20
 
 Two processes on this machine form a gloo group through the same function the
-learner uses (vLLM's stateless group, `asyncrl.weights.init_group`). Rank 0
+learner uses (vLLM's stateless group, `asyncrl.core.weights.init_group`). Rank 0
 publishes a model's parameters with `WeightSender` as the learner does (bucket
 plan of `learner.sync_bucket_mb`, parameters living in their buckets' buffers,
 every bucket posted in place) and rank 1 receives them with `WeightReceiver`
@@ -42,7 +42,7 @@ SIZES = {
 def build_params(size: str) -> list[tuple[str, torch.Tensor]]:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from asyncrl.models.tiny import TinySpec, build_model, build_tokenizer
+    from asyncrl.core.models.tiny import TinySpec, build_model, build_tokenizer
 
     torch.manual_seed(0)
     if SIZES[size] is None:
@@ -55,7 +55,7 @@ def build_params(size: str) -> list[tuple[str, torch.Tensor]]:
 
 
 def worker(rank: int, port: int, size: str, bucket_mb: float, repeats: int, out: dict) -> None:
-    from asyncrl.weights import WeightReceiver, WeightSender, _broadcast, flatten_into_buckets, init_group, plan_buckets, tensor_meta
+    from asyncrl.core.weights import WeightReceiver, WeightSender, _broadcast, flatten_into_buckets, init_group, plan_buckets, tensor_meta
 
     torch.set_num_threads(1)
     named = build_params(size)
@@ -93,7 +93,7 @@ def worker(rank: int, port: int, size: str, bucket_mb: float, repeats: int, out:
 
 
 def measure(size: str, bucket_mb: float, repeats: int) -> dict:
-    from asyncrl.weights import free_port
+    from asyncrl.core.weights import free_port
 
     with mp.Manager() as manager:
         out = manager.dict()

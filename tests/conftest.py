@@ -14,7 +14,7 @@ os.environ.setdefault("WANDB_SILENT", "true")
 @pytest.fixture(scope="session")
 def random_model_dir(tmp_path_factory) -> str:
     """An untrained tiny Qwen2 in HF format (seconds to build)."""
-    from asyncrl.models.tiny import TinySpec, build_model, build_tokenizer, save_tokenizer
+    from asyncrl.core.models.tiny import TinySpec, build_model, build_tokenizer, save_tokenizer
 
     out = tmp_path_factory.mktemp("random_model")
     tokenizer = build_tokenizer()
@@ -26,8 +26,8 @@ def random_model_dir(tmp_path_factory) -> str:
 @pytest.fixture(scope="session")
 def tiny_model_dir() -> str:
     """The warm-started tiny model, built once into the model cache (as `make run` does)."""
-    from asyncrl.models import resolve_model_path
-    from asyncrl.models.cache import cache_dir
+    from asyncrl.core.models import resolve_model_path
+    from asyncrl.core.models.cache import cache_dir
 
     return str(resolve_model_path("tiny", digits=2, seed=0, cache_dir=cache_dir()))
 
@@ -36,8 +36,8 @@ def tiny_model_dir() -> str:
 def smollm2_dir() -> str:
     """SmolLM2-135M-Instruct converted from its PyPI wheel into the repo cache (once, about a minute), as
     `model.path=smollm2-135m-instruct` does."""
-    from asyncrl.models import resolve_model_path
-    from asyncrl.models.cache import cache_dir
+    from asyncrl.core.models import resolve_model_path
+    from asyncrl.core.models.cache import cache_dir
 
     return str(resolve_model_path("smollm2-135m-instruct", digits=2, seed=0, cache_dir=cache_dir()))
 
@@ -46,7 +46,7 @@ def smollm2_dir() -> str:
 def ray_local():
     import ray
 
-    from asyncrl.controller import ACTOR_ENV
+    from asyncrl.orchestration.cluster import ACTOR_ENV
 
     ray.init(num_cpus=2, runtime_env={"env_vars": ACTOR_ENV}, include_dashboard=False, logging_level="WARNING")
     yield ray

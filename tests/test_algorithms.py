@@ -16,7 +16,7 @@ from algorithms.base import (
     ValueLossInputs, as_advantages, gae, has_critic, group_relative_advantages, kl_k1, kl_k2, kl_k3, masked_mean, masked_whiten,
     token_level_rewards,
 )
-from asyncrl.config import AlgorithmConfig
+from asyncrl.core.config import AlgorithmConfig
 
 grpo = get_algorithm("grpo")
 

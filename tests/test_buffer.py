@@ -2,9 +2,9 @@
 import asyncio
 
 from actors.buffer import ReplayBuffer
-from asyncrl.config import load_config
-from asyncrl.schema import new_sample
-from asyncrl.store import read_trajectories
+from asyncrl.core.config import load_config
+from asyncrl.core.schema import new_sample
+from asyncrl.core.store import read_trajectories
 
 
 def group(gid, version, size=2, status=None):
@@ -76,7 +76,7 @@ def test_dropped_groups_free_admission(tmp_path):
 
 
 def test_group_ids_are_built_and_parsed_in_one_place():
-    from asyncrl.ids import GroupId, group_of
+    from asyncrl.core.messages import GroupId, group_of
 
     gid = GroupId("smoke-1a2b3c", 3, 17)
     assert str(gid) == "smoke-1a2b3c-w3-g17" and GroupId.parse(str(gid)) == gid

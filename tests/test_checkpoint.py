@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from asyncrl.checkpoint import latest_checkpoint, read_state, truncate_metrics, write_checkpoint
-from asyncrl.ids import GroupId
-from asyncrl.store import read_trajectories
-from asyncrl.util import pids_named
+from asyncrl.core.checkpoint import latest_checkpoint, read_state, truncate_metrics, write_checkpoint
+from asyncrl.core.messages import GroupId
+from asyncrl.core.store import read_trajectories
+from asyncrl.core.util import pids_named
 from tests.test_learner import fake_samples, learner
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -138,8 +138,8 @@ def test_a_killed_rollout_worker_is_replaced_and_nothing_is_lost_silently(random
 
 
 def test_repeated_non_finite_steps_stop_the_run_after_a_checkpoint(tmp_path):
-    from asyncrl.config import load_config
-    from asyncrl.controller import Controller
+    from asyncrl.core.config import load_config
+    from asyncrl.orchestration.controller import Controller
 
     ctl = Controller.__new__(Controller)  # only the streak logic: no Ray, no actors
     ctl.cfg = load_config(None, ["learner.max_non_finite_steps=3", "learner.mini_batches=2", "learner.batch_size=16",

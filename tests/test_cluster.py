@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl.controller import choose_cluster, unreachable
-from asyncrl.weights import free_port
+from asyncrl.orchestration.cluster import choose_cluster, unreachable
+from asyncrl.core.weights import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -35,6 +35,7 @@ def test_unreachable_names_the_port():
 
 @pytest.mark.slow
 def test_a_stale_address_file_is_named_and_a_local_cluster_started(tmp_path):
+    """Also the training time budget, in the same short run: a budget spent by the first step ends the run there."""
     ray_tmp = tempfile.mkdtemp(prefix="rs", dir="/tmp")  # Ray's AF_UNIX socket paths must stay short
     dead = f"127.0.0.1:{free_port()}"
     os.makedirs(f"{ray_tmp}/ray")
@@ -42,9 +43,13 @@ def test_a_stale_address_file_is_named_and_a_local_cluster_started(tmp_path):
     env = {**os.environ, "RAY_TMPDIR": ray_tmp}
     env.pop("RAY_ADDRESS", None)
     proc = subprocess.run(
-        [sys.executable, "-m", "asyncrl.run", "--config", "configs/smoke.yaml", f"run.output_dir={tmp_path}/r", "run.steps=2", "run.eval=false"],
+        [sys.executable, "-m", "asyncrl.run", "--config", "configs/smoke.yaml", f"run.output_dir={tmp_path}/r", "run.steps=5", "run.eval=false",
+         "run.max_train_minutes=0.0001", "run.checkpoint_every=3"],
         capture_output=True, text=True, timeout=600, cwd=ROOT, env=env,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"names a Ray cluster at {dead}, but nothing answers" in proc.stderr
-    assert json.loads((tmp_path / "r" / "summary.json").read_text())["steps"] == 2
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert summary["steps"] == 1 and summary["stopped_by"] == "time" and summary["policy_version"] == 1  # its weights published
+    assert [p.name for p in (tmp_path / "r" / "checkpoints").glob("step-*")] == ["step-000001"]  # and checkpointed as the last
+    assert (tmp_path / "r" / "metrics.jsonl").read_text().count("\n") == 1

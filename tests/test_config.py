@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl.config import ConfigError, load_config, parse_override
+from asyncrl.core.config import ConfigError, load_config, parse_override
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -4,7 +4,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from asyncrl.dashboard import SECTIONS, build_workspace
+from asyncrl.analysis.dashboard import SECTIONS, build_workspace
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -23,6 +23,6 @@ def test_workspace_is_built_with_one_section_per_group():
 
 def test_offline_prints_what_to_do_and_exits_1(tmp_path):
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}  # no WANDB_API_KEY, no ~/.netrc
-    proc = subprocess.run([sys.executable, "-m", "asyncrl.dashboard"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-m", "asyncrl.analysis.dashboard"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1
     assert "offline" in proc.stderr and "wandb sync" in proc.stderr and "Traceback" not in proc.stderr

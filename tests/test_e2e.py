@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl.store import read_trajectories
+from asyncrl.core.store import read_trajectories
 
 ROOT = Path(__file__).resolve().parents[1]
 STEP_KEYS = (

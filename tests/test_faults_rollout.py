@@ -21,10 +21,10 @@ import ray
 from actors.buffer import ReplayBuffer
 from actors.engine import Finished
 from actors.rollout import RolloutWorker, _Group
-from asyncrl.config import load_config
-from asyncrl.ids import GroupId
-from asyncrl.store import read_trajectories
-from asyncrl.tasks import Prompt, RewardRunner, RewardThreadsStuck, RewardTimeout
+from asyncrl.core.config import load_config
+from asyncrl.core.messages import GroupId, WorkerCounters
+from asyncrl.core.store import read_trajectories
+from asyncrl.core.tasks import Prompt, RewardRunner, RewardThreadsStuck, RewardTimeout
 
 slow = pytest.mark.slow
 GROUP = 4
@@ -92,7 +92,7 @@ def stub_worker(reward, max_failures: int) -> RolloutWorker:
     worker.engine = SimpleNamespace(tokenizer=SimpleNamespace(decode=lambda ids, skip_special_tokens: "x" * len(ids)))
     worker.reward = RewardRunner(reward, timeout_s=5.0)
     worker.max_reward_failures, worker.reward_failures = max_failures, 0
-    worker.counters = {"reward_errors": 0, "reward_timeouts": 0}
+    worker.counters = WorkerCounters()
     return worker
 
 
@@ -130,7 +130,7 @@ def test_reward_failing_for_every_sample_of_n_groups_in_a_row_is_an_error():
         assert worker.error is None
         worker._score(finished_group(200 + g))
     assert worker.error == ("rollout worker 0: reward 'my.reward' failed for the last 3 groups: reward raised ValueError('boom')")
-    assert worker.counters["reward_errors"] == 5 * GROUP + 1
+    assert worker.counters.reward_errors == 5 * GROUP + 1
 
 
 # ---- slow: a real engine and buffer -----------------------------------------------------------
@@ -170,11 +170,11 @@ def test_a_reward_past_its_timeout_drops_its_group_and_the_loop_goes_on(random_m
     worker, buffer = make_worker(random_model_dir, tmp_path / "traj", "tests.test_faults_rollout.hanging_reward", reward_timeout_s=0.2)
     assert worker.reward.timeout_s == 0.2
     worker.start()
-    wait_for(lambda: worker.counters["groups_done"] >= 4)
-    assert worker.stats()["error"] is None and worker.thread.is_alive()
+    wait_for(lambda: worker.counters.groups_done >= 4)
+    assert worker.stats().error is None and worker.thread.is_alive()
     end, _, rows = stop_and_read(worker, buffer, tmp_path / "traj")
 
-    assert end["reward_timeouts"] == 2 and end["reward_errors"] == 0 and end["error"] is None
+    assert end.reward_timeouts == 2 and end.reward_errors == 0 and end.error is None
     timed_out = [r for r in rows if r["status_reason"] == "reward timed out after 0.2 s"]
     assert len(timed_out) == 2 and len({r["group_id"] for r in timed_out}) == 1
     group = [r for r in rows if r["group_id"] == timed_out[0]["group_id"]]
@@ -190,16 +190,16 @@ def test_a_reward_that_always_fails_stops_the_worker_with_an_error(random_model_
     worker, buffer = make_worker(random_model_dir, tmp_path / "traj", "tests.test_faults_rollout.failing_reward",
                                  max_consecutive_reward_failures=3)
     worker.start()
-    wait_for(lambda: worker.stats()["error"] is not None)
-    error = worker.stats()["error"]
+    wait_for(lambda: worker.stats().error is not None)
+    error = worker.stats().error
     assert error == ("rollout worker 0: reward 'tests.test_faults_rollout.failing_reward' failed for the last 3 groups: "
                      "reward raised ValueError('boom')")
     worker.thread.join(10)
     assert not worker.thread.is_alive()  # the loop ended: no generating for nothing
     end, counts, rows = stop_and_read(worker, buffer, tmp_path / "traj")
-    assert end["groups_done"] >= 3 and end["reward_errors"] == end["groups_done"] * GROUP
+    assert end.groups_done >= 3 and end.reward_errors == end.groups_done * GROUP
     dropped = [r for r in rows if r["status"] == "dropped_error"]
-    assert len(dropped) == counts["dropped_error"] == end["reward_errors"]
+    assert len(dropped) == counts["dropped_error"] == end.reward_errors
     assert {r["status_reason"] for r in dropped} == {"reward raised ValueError('boom')"}
     assert counts["outstanding_groups"] == counts["buffered_groups"] == 0
 
@@ -217,12 +217,12 @@ def test_empty_and_overlong_prompts_are_counted_drops(random_model_dir, ray_loca
     worker.start()
     # capacity_groups=4: the loop fills the buffer with 4 good groups, the bad ones freeing their admission
     wait_for(lambda: ray.get(buffer.stats.remote())["buffered_groups"] == 4)
-    assert worker.stats()["bad_prompts"] == 2 and worker.stats()["error"] is None
+    assert worker.stats().bad_prompts == 2 and worker.stats().error is None
     batch = ray.get(buffer.get_batch.remote(2, 0, 0, 10.0))  # the good groups are trained on as usual
     assert len(batch) == 2 * GROUP
     end, counts, rows = stop_and_read(worker, buffer, tmp_path / "traj")
 
-    assert end["bad_prompts"] == 2 and end["groups_started"] == worker.next_group - 2
+    assert end.bad_prompts == 2 and end.groups_started == worker.next_group - 2
     by_prompt = {}
     for r in rows:
         by_prompt.setdefault(r["prompt_id"], []).append(r)

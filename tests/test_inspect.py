@@ -21,7 +21,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from asyncrl.analysis import (
+from asyncrl.analysis.runs import (
     by_version,
     drift_attribution,
     effective_sample_rate,
@@ -36,8 +36,8 @@ from asyncrl.analysis import (
     status_counts,
     trained_versions,
 )
-from asyncrl.schema import SAMPLE_SCHEMA, SCHEMA_VERSION, new_sample
-from asyncrl.store import read_trajectories
+from asyncrl.core.schema import SAMPLE_SCHEMA, SCHEMA_VERSION, new_sample
+from asyncrl.core.store import read_trajectories
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "tests/fixtures/run_v1"

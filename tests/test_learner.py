@@ -3,8 +3,8 @@ import pytest
 import torch
 
 from actors.learner import Learner
-from asyncrl.batching import collate, token_logprobs
-from asyncrl.config import load_config
+from asyncrl.core.batching import collate, token_logprobs
+from asyncrl.core.config import load_config
 
 
 def fake_samples(n_groups=4, group_size=4):

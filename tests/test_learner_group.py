@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from actors.learner import Learner
-from asyncrl.weights import free_port
+from asyncrl.core.weights import free_port
 from tests.test_learner import fake_samples, learner
 
 # mini_batches=2 checks that each worker takes its shard of every mini-batch; micro_batch_size=3

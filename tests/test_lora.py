@@ -8,9 +8,10 @@ import ray
 import torch
 from transformers import AutoModelForCausalLM
 
-from asyncrl import lora as lora_lib
-from asyncrl.config import ConfigError, load_config
-from asyncrl.controller import Controller
+from asyncrl.core import lora as lora_lib
+from asyncrl.core.config import ConfigError, load_config
+from asyncrl.core.models.cache import ModelSource
+from asyncrl.orchestration.controller import Controller
 from tests.test_learner import fake_samples, learner
 from tests.test_weight_sync import SEQ
 
@@ -70,7 +71,7 @@ def test_lora_sync_reaches_the_engine(ray_local, random_model_dir, tmp_path):
         "rollout.group_size=4", "learner.batch_size=16", "learner.lr=1e-2", "learner.sync_bucket_mb=0.05",
         *LORA, "learner.lora.target_modules=[q_proj, o_proj, up_proj]", "logging.wandb=false", f"run.output_dir={tmp_path}",
     ])
-    ctl = Controller(cfg, tmp_path, random_model_dir)
+    ctl = Controller(cfg, tmp_path, ModelSource(given=random_model_dir, path=random_model_dir))
     try:
         engine_before = ray.get(ctl.workers[0].sequence_logprobs.remote(SEQ))
         for step in range(2):

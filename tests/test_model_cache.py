@@ -1,4 +1,4 @@
-"""The per-user model cache, and a built-in model reaching a node that lacks it (asyncrl.models.cache)."""
+"""The per-user model cache, and a built-in model reaching a node that lacks it (asyncrl.core.models.cache)."""
 from __future__ import annotations
 
 import socket
@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl.models import model_source
-from asyncrl.models.cache import ModelSource, cache_dir, fetch_into, manifest, model_on_this_node, read_chunk
+from asyncrl.core.models import model_source
+from asyncrl.core.models.cache import ModelSource, cache_dir, fetch_into, manifest, model_on_this_node, read_chunk
 
 
 def test_cache_dir_is_per_user_unless_configured(tmp_path, monkeypatch):

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl.analysis import load_run
+from asyncrl.analysis.runs import load_run
 from asyncrl.plot import FIGURES, consumed_staleness, length_figure, main, make_plots, running_figure, timeline_figure
-from asyncrl.schema import new_sample
-from asyncrl.store import TrajectoryStore
+from asyncrl.core.schema import new_sample
+from asyncrl.core.store import TrajectoryStore
 
 ROOT = Path(__file__).resolve().parents[1]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl.weights import free_port
+from asyncrl.core.models.cache import manifest
+from asyncrl.core.weights import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.slow, pytest.mark.ray_cluster]
@@ -44,10 +45,11 @@ def start_node(env: dict, temp_dir: str, resources: dict, head_port: int | None 
 
 
 @pytest.fixture
-def ray_cluster(request):
+def ray_cluster(request, tmp_path):
     """A head node (custom resource learner_node) and, with param 2, a second node (rollout_node) on this machine.
 
-    Teardown is `ray stop --force`, which stops every Ray on this machine.
+    The second node runs with a HOME of its own, so its model cache (~/.cache/asyncrl/models) is empty, as on a
+    machine that shares no disk with the head. Teardown is `ray stop --force`, which stops every Ray on this machine.
     """
     temp_dir = tempfile.mkdtemp(prefix="rayt", dir="/tmp")  # AF_UNIX socket paths must stay short
     env = cluster_env()
@@ -55,7 +57,8 @@ def ray_cluster(request):
     try:
         start_node(env, temp_dir, {"learner_node": 1}, gcs=gcs, dash=dash)
         if getattr(request, "param", 1) == 2:
-            start_node(env, temp_dir, {"rollout_node": 1}, head_port=gcs)
+            own = {k: v for k, v in env.items() if k not in ("ASYNCRL_CACHE_DIR", "XDG_CACHE_HOME")}
+            start_node({**own, "HOME": str(tmp_path / "node2-home")}, temp_dir, {"rollout_node": 1}, head_port=gcs)
         yield f"http://127.0.0.1:{dash}", env
     finally:
         ray_cli("stop", "--force", env=env, timeout=120)
@@ -71,7 +74,8 @@ def submit(address: str, env: dict, *args: str) -> subprocess.CompletedProcess:
 def test_ray_job_submit_smoke(ray_cluster, tiny_model_dir, tmp_path):
     address, env = ray_cluster
     out = tmp_path / "run"
-    submit(address, env, "--config", "configs/smoke.yaml", f"run.output_dir={out}", f"model.path={tiny_model_dir}", "run.steps=3", "run.eval=false")
+    proc = submit(address, env, "--config", "configs/smoke.yaml", f"run.output_dir={out}", "run.steps=3", "run.eval=false")
+    assert "asyncrl: building" not in proc.stdout  # the per-user cache: the job's fresh working directory does not matter
     summary = json.loads((out / "summary.json").read_text())
     assert summary["steps"] == 3
     assert (out / "metrics.jsonl").read_text().count("\n") == 3
@@ -79,10 +83,11 @@ def test_ray_job_submit_smoke(ray_cluster, tiny_model_dir, tmp_path):
 
 @pytest.mark.parametrize("ray_cluster", [2], indirect=True)
 def test_two_node_cluster_puts_rollout_and_learner_on_different_nodes(ray_cluster, tiny_model_dir, tmp_path):
+    """The default model.path (tiny), as a user gives it: the rollout node's cache lacks it and copies the head's."""
     address, env = ray_cluster
     out = tmp_path / "run"
-    submit(address, env, "--config", "configs/smoke.yaml", f"run.output_dir={out}", f"model.path={tiny_model_dir}", "run.steps=3",
-           "run.eval=false", "learner.resources={learner_node: 1}", "rollout.resources={rollout_node: 1}")
+    proc = submit(address, env, "--config", "configs/smoke.yaml", f"run.output_dir={out}", "run.steps=3",
+                  "run.eval=false", "learner.resources={learner_node: 1}", "rollout.resources={rollout_node: 1}")
     summary = json.loads((out / "summary.json").read_text())
     learner_nodes, rollout_nodes = set(summary["placement"]["learner_nodes"]), set(summary["placement"]["rollout_nodes"])
     assert len(learner_nodes) == len(rollout_nodes) == 1 and not learner_nodes & rollout_nodes, summary["placement"]
@@ -90,3 +95,9 @@ def test_two_node_cluster_puts_rollout_and_learner_on_different_nodes(ray_cluste
     assert (out / "metrics.jsonl").read_text().count("\n") == 3
     assert {"config.json", "model.safetensors"} <= {p.name for p in (out / "final_model").iterdir()}
     assert list((out / "trajectories").glob("part-*.parquet"))
+    # the rollout node got the head's model byte for byte, into its own cache
+    copy = tmp_path / "node2-home" / ".cache" / "asyncrl" / "models" / Path(tiny_model_dir).name
+    assert "copying from the driver's node" in proc.stdout, proc.stdout[-3000:]
+    assert manifest(copy) == manifest(Path(tiny_model_dir))
+    assert (copy / "model.safetensors").read_bytes() == (Path(tiny_model_dir) / "model.safetensors").read_bytes()
+

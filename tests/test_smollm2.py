@@ -8,11 +8,12 @@ import pytest
 import ray
 from transformers import AutoTokenizer
 
-from asyncrl.config import load_config
-from asyncrl.controller import Controller
-from asyncrl.models import smollm2
-from asyncrl.models import resolve_model_path
-from asyncrl.tasks import encode_prompt
+from asyncrl.core.config import load_config
+from asyncrl.core.models.cache import ModelSource
+from asyncrl.orchestration.controller import Controller
+from asyncrl.core.models import smollm2
+from asyncrl.core.models import resolve_model_path
+from asyncrl.core.tasks import encode_prompt
 
 LOGPROB_TOL = 2e-2
 """Largest per-token gap allowed between vLLM's and the learner's log-prob of a sampled token, fp32 on both sides."""
@@ -54,7 +55,7 @@ def test_engine_and_learner_agree_on_sampled_tokens_after_a_lora_sync(ray_local,
         "learner.batch_size=2", "learner.micro_batch_size=2", "learner.lr=2e-3", "learner.lora.rank=8",
         "logging.wandb=false", f"run.output_dir={tmp_path}",
     ])
-    ctl = Controller(cfg, tmp_path, smollm2_dir)
+    ctl = Controller(cfg, tmp_path, ModelSource(given=smollm2_dir, path=smollm2_dir))
     texts = ["Reply with just the word yes.", "Write a long story about a dragon who learns to count."]
     eos = AutoTokenizer.from_pretrained(smollm2_dir).eos_token_id
 

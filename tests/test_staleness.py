@@ -1,5 +1,5 @@
 """The staleness policy, with numbers worked out by hand."""
-from asyncrl.staleness import admissible, admission_capacity, is_stale, staleness
+from asyncrl.core.staleness import admissible, admission_capacity, is_stale, staleness
 
 
 def test_staleness_and_bound():

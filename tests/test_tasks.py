@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from asyncrl.config import TaskConfig
-from asyncrl.tasks import (ANSWER_FORMAT, AdditionTask, Prompt, WordProblemTask, carry_free_sum, exact_match, final_number, make_reward,
+from asyncrl.core.config import TaskConfig
+from asyncrl.core.tasks import (ANSWER_FORMAT, AdditionTask, Prompt, WordProblemTask, carry_free_sum, exact_match, final_number, make_reward,
                            make_task, numeric_match, word_problem)
 
 

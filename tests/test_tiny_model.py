@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from asyncrl.models.tiny import (
+from asyncrl.core.models.tiny import (
     BOS_ID,
     EOS_ID,
     TinySpec,
@@ -18,8 +18,8 @@ from asyncrl.models.tiny import (
     build_tokenizer,
     greedy_accuracy,
 )
-from asyncrl.models import resolve_model_path
-from asyncrl.tasks import AdditionTask
+from asyncrl.core.models import resolve_model_path
+from asyncrl.core.tasks import AdditionTask
 
 # A few SFT steps only: enough to check determinism and the saved layout, in seconds.
 QUICK = replace(TinySpec(), sft_steps=3, batch_size=8, eval_size=10, samples_per_prompt=2)

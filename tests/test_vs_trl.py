@@ -88,7 +88,7 @@ def trl_grpo():
 
 
 def test_trl_settings_follow_the_smollm2_recipe(trl_grpo):
-    from asyncrl.config import load_config
+    from asyncrl.core.config import load_config
 
     cfg = load_config(BENCH.parent / "configs" / "smollm2_word_problems.yaml")
     s = trl_grpo.settings(cfg)
@@ -101,7 +101,7 @@ def test_trl_settings_follow_the_smollm2_recipe(trl_grpo):
 
 
 def test_trl_settings_follow_the_default_job(trl_grpo):
-    from asyncrl.config import load_config
+    from asyncrl.core.config import load_config
 
     cfg = load_config(BENCH.parent / "configs" / "default.yaml")
     s = trl_grpo.settings(cfg)
@@ -111,7 +111,7 @@ def test_trl_settings_follow_the_default_job(trl_grpo):
 
 
 def test_trl_settings_refuse_a_batch_that_is_not_whole_groups(trl_grpo):
-    from asyncrl.config import load_config
+    from asyncrl.core.config import load_config
 
     cfg = load_config(BENCH.parent / "configs" / "default.yaml")
     cfg.learner.batch_size = 60

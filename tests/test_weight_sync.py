@@ -4,8 +4,9 @@ while a version is in flight without changing what the engine receives."""
 import ray
 
 from actors.learner import Learner
-from asyncrl.config import load_config
-from asyncrl.controller import Controller
+from asyncrl.core.config import load_config
+from asyncrl.core.models.cache import ModelSource
+from asyncrl.orchestration.controller import Controller
 from tests.test_learner import fake_samples
 
 SEQ = [1, 4, 6, 13, 5, 8, 14, 7, 9, 2]  # "<s>13+25=46</s>" in the tiny tokenizer's ids
@@ -16,7 +17,7 @@ def test_broadcast_reaches_the_engine(ray_local, random_model_dir, tmp_path):
         "rollout.group_size=4", "learner.batch_size=16", "learner.lr=1e-2", "learner.sync_bucket_mb=0.05",
         "logging.wandb=false", f"run.output_dir={tmp_path}",
     ])
-    ctl = Controller(cfg, tmp_path, random_model_dir)
+    ctl = Controller(cfg, tmp_path, ModelSource(given=random_model_dir, path=random_model_dir))
     try:
         engine_before = ray.get(ctl.workers[0].sequence_logprobs.remote(SEQ))
         learner_before = ray.get(ctl.learner.sequence_logprobs.remote(SEQ))
@@ -33,6 +34,6 @@ def test_broadcast_reaches_the_engine(ray_local, random_model_dir, tmp_path):
         assert max(abs(a - b) for a, b in zip(engine_after, engine_before)) > 1e-3
         n_params = sum(p.numel() for p in Learner(cfg, random_model_dir).model.parameters())
         assert sync["bytes"] == 4 * n_params  # every fp32 weight, in several 50 KiB buckets
-        assert ray.get(ctl.workers[0].stats.remote())["version"] == 1
+        assert ray.get(ctl.workers[0].stats.remote()).version == 1
     finally:
         ctl.shutdown()

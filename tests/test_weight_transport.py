@@ -4,10 +4,13 @@ buffers; the sender waits for the transfer before changing them, as the learner 
 optimizer step."""
 import time
 
+import pytest
 import torch
 import torch.multiprocessing as mp
 
-from asyncrl.weights import WeightReceiver, WeightSender, flatten_into_buckets, free_port, init_group, plan_buckets, tensor_meta
+from asyncrl.core.weights import (
+    WeightReceiver, WeightSender, flatten_into_buckets, free_port, init_group, make_receiver, make_sender, plan_buckets, tensor_meta,
+)
 
 VERSIONS = 3
 
@@ -39,12 +42,17 @@ def _end(rank: int, port: int, results) -> None:
         results[version] = [(name, t.clone()) for name, t in got]
 
 
-def test_receiver_gets_the_weights_as_they_were_at_publish():
+def two_ranks(end) -> dict:
+    """Run `end(rank, port, results)` as ranks 0 and 1 in two processes; what they put in `results`."""
     port = free_port()
     with mp.Manager() as manager:
         results = manager.dict()
-        mp.spawn(_end, args=(port, results), nprocs=2, join=True)
-        results = dict(results)
+        mp.spawn(end, args=(port, results), nprocs=2, join=True)
+        return dict(results)
+
+
+def test_receiver_gets_the_weights_as_they_were_at_publish():
+    results = two_ranks(_end)
     original = _tensors()
     assert results["sent_bytes"] == sum(t.numel() * 4 for t in original)
     for version in range(VERSIONS):
@@ -52,3 +60,34 @@ def test_receiver_gets_the_weights_as_they_were_at_publish():
         assert names == [f"t{i}" for i in range(len(original))]
         for (_, got), want in zip(results[version], original):
             assert torch.equal(got, want * 2.0**version)  # the weights at publish time, not after the later steps
+
+
+def _factory_end(rank: int, port: int, results) -> None:
+    """Both ends built by name, as the learner and the engine worker build theirs."""
+    tensors = _tensors()
+    meta = tensor_meta((f"t{i}", t) for i, t in enumerate(tensors))
+    buckets = plan_buckets(meta, 130_000)
+    if rank == 0:
+        sender = make_sender("broadcast", "gloo", tensors, buckets, flatten_into_buckets(tensors, buckets))
+        sender.connect("127.0.0.1", port, 2)
+        results["sent"] = sender.send()
+        sender.wait()
+        sender.release()
+        return
+    receiver = make_receiver("broadcast", "gloo", meta, buckets, torch.device("cpu"))
+    receiver.connect("127.0.0.1", port, 1, 2)
+    results["got"] = [(n, t.clone()) for n, t in receiver.receive(None)]
+    results["nbytes"] = receiver.nbytes
+
+
+def test_the_transport_is_chosen_by_name_in_one_place():
+    results = two_ranks(_factory_end)
+    sent_bytes, payload = results["sent"]
+    assert payload is None and sent_bytes == results["nbytes"] == sum(t.numel() * 4 for t in _tensors())
+    assert all(torch.equal(got, want) for (_, got), want in zip(results["got"], _tensors()))
+    meta = tensor_meta((f"t{i}", t) for i, t in enumerate(_tensors()))
+    ipc = make_receiver("cuda_ipc", "nccl", meta, plan_buckets(meta, 130_000), torch.device("cpu"))
+    assert type(ipc).__name__ == "CudaIpcReceiver" and ipc.nbytes == sent_bytes
+    assert type(make_sender("cuda_ipc", "nccl", _tensors(), [[0]], None)).__name__ == "CudaIpcSender"
+    with pytest.raises(ValueError, match="weight transport 'shm'"):
+        make_sender("shm", "gloo", [], [], None)

@@ -20,10 +20,10 @@ import ray
 
 from actors.buffer import ReplayBuffer
 from actors.rollout import RolloutWorker
-from asyncrl.config import load_config
-from asyncrl.controller import ACTOR_ENV
-from asyncrl.schema import new_sample
-from asyncrl.store import read_trajectories
+from asyncrl.core.config import load_config
+from asyncrl.orchestration.cluster import ACTOR_ENV
+from asyncrl.core.schema import new_sample
+from asyncrl.core.store import read_trajectories
 from tests.test_e2e import run_smoke
 
 slow = pytest.mark.slow  # everything here but the buffer test runs a real engine
@@ -112,7 +112,7 @@ def test_abort_restarts_only_the_running_samples_at_the_new_version(random_model
     running = list(worker._request_ids())
     assert 0 < len(running) < 8
     worker.update_weights(1)
-    assert worker.counters["resubmitted"] == len(running)
+    assert worker.counters.resubmitted == len(running)
     assert sorted(worker._request_ids()) == sorted(running)  # the same ids, running again
     assert worker.engine.has_unfinished()
 
@@ -130,7 +130,7 @@ def test_drain_finishes_the_running_samples_on_the_old_weights_first(random_mode
     assert list(worker._request_ids())
     worker.update_weights(1)
     assert not worker.engine.has_unfinished() and not worker.inflight
-    assert worker.version == 1 and worker.counters["drain_s"] > 0
+    assert worker.version == 1 and worker.counters.drain_s > 0
 
     rows = stop_and_read(worker, buffer, tmp_path / "traj")
     assert {(r["status"], r["policy_version_start"], r["policy_version_end"]) for r in rows.values()} == {("unconsumed_at_end", 0, 0)}

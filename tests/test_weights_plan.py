@@ -3,9 +3,9 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from asyncrl.schema import SCHEMA_VERSION, new_sample
-from asyncrl.store import TrajectoryStore, read_trajectories
-from asyncrl.weights import TensorMeta, plan_buckets, tensor_meta
+from asyncrl.core.schema import SCHEMA_VERSION, new_sample
+from asyncrl.core.store import TrajectoryStore, read_trajectories
+from asyncrl.core.weights import TensorMeta, plan_buckets, tensor_meta
 
 
 def test_buckets_respect_size_and_dtype():

@@ -191,3 +191,108 @@ def open_weights_ipc(
         args = list(handle)
         args[6] = device_index  # the sender's device index; CUDA_VISIBLE_DEVICES may differ here
         yield from unpack(rebuild_cuda_tensor(*args), meta, bucket)
+
+
+# ---- the transport interface: one per side, chosen by name in `make_sender` / `make_receiver` only ----------------
+
+class BroadcastSender:
+    """Learner rank 0 over a torch.distributed group (gloo / NCCL): sends its send buffers in place, no payload."""
+
+    def __init__(self, backend: str, buffers: list[torch.Tensor]) -> None:
+        self.backend, self.buffers = backend, buffers
+        self.sender: WeightSender | None = None
+
+    def connect(self, host: str, port: int, world_size: int) -> None:
+        if self.sender is not None:  # a version still in flight to the old group is abandoned
+            try:
+                self.sender.wait()
+            except RuntimeError:  # a receiver of the old group died: that is why the group is being rebuilt
+                pass
+        self.sender = WeightSender(init_group(host, port, 0, world_size, self.backend), self.buffers)
+
+    def send(self) -> tuple[int, None]:
+        return self.sender.publish(), None
+
+    def wait(self) -> None:
+        if self.sender is not None:
+            self.sender.wait()
+
+    def release(self) -> None:
+        """Every engine has loaded the version (nothing to free: the buffers are reused)."""
+
+
+class CudaIpcSender:
+    """Learner rank 0 colocated with the engines on one GPU: packs a snapshot per version and hands out one CUDA IPC
+    handle per bucket as the payload; the snapshot lives until every engine has loaded it (`release`)."""
+
+    def __init__(self, params: list[torch.Tensor], buckets: list[list[int]]) -> None:
+        self.params, self.buckets = params, buckets
+        self.snapshot: list[torch.Tensor] = []
+
+    def connect(self, host: str, port: int, world_size: int) -> None:
+        """No group: the handles travel with each version."""
+
+    def send(self) -> tuple[int, list[tuple]]:
+        with torch.no_grad():
+            handles, self.snapshot = share_weights_ipc(self.params, self.buckets)
+        return sum(b.numel() * b.element_size() for b in self.snapshot), handles
+
+    def wait(self) -> None:
+        """The snapshot is a copy: the parameters may change at once."""
+
+    def release(self) -> None:
+        self.snapshot = []
+
+
+class BroadcastReceiver:
+    """An engine worker's end of the group: receives every bucket, then hands over the (name, tensor) pairs."""
+
+    def __init__(self, backend: str, meta: list[TensorMeta], buckets: list[list[int]], device: torch.device) -> None:
+        self.backend, self.meta, self.buckets, self.device = backend, meta, buckets, device
+        self.receiver: WeightReceiver | None = None
+        self.nbytes = sum(m.nbytes for m in meta)
+
+    def connect(self, host: str, port: int, rank: int, world_size: int) -> None:
+        self.receiver = WeightReceiver(init_group(host, port, rank, world_size, self.backend), self.meta, self.buckets, self.device)
+
+    def receive(self, payload: None) -> list[tuple[str, torch.Tensor]]:
+        return self.receiver.receive()
+
+
+class CudaIpcReceiver:
+    """An engine worker on the learner's GPU: maps the learner's buckets from their handles (no copy on the wire)."""
+
+    def __init__(self, meta: list[TensorMeta], buckets: list[list[int]], device: torch.device) -> None:
+        self.meta, self.buckets, self.device = meta, buckets, device
+        self.nbytes = sum(m.nbytes for m in meta)
+
+    def connect(self, host: str, port: int, rank: int, world_size: int) -> None:
+        """No group: the handles come with each version."""
+
+    def receive(self, payload: list[tuple]) -> list[tuple[str, torch.Tensor]]:
+        index = self.device.index if self.device.index is not None else torch.cuda.current_device()
+        return list(open_weights_ipc(payload, self.meta, self.buckets, index))
+
+
+TRANSPORTS = ("broadcast", "cuda_ipc")
+
+
+def make_sender(transport: str, backend: str, params: list[torch.Tensor], buckets: list[list[int]],
+                buffers: list[torch.Tensor] | None) -> BroadcastSender | CudaIpcSender:
+    """The learner's end of `learner.weight_transport`. `buffers`: what a broadcast sends (the parameters' own
+    buckets, or LoRA's merge buffers); the IPC snapshot is packed from `params`."""
+    if transport == "cuda_ipc":
+        return CudaIpcSender(params, buckets)
+    if transport == "broadcast":
+        return BroadcastSender(backend, buffers)
+    raise ValueError(f"weight transport {transport!r}: expected one of {TRANSPORTS}")
+
+
+def make_receiver(transport: str, backend: str, meta: list[TensorMeta], buckets: list[list[int]],
+                  device: torch.device) -> BroadcastReceiver | CudaIpcReceiver:
+    """An engine worker's end of `learner.weight_transport`."""
+    if transport == "cuda_ipc":
+        return CudaIpcReceiver(meta, buckets, device)
+    if transport == "broadcast":
+        return BroadcastReceiver(backend, meta, buckets, device)
+    raise ValueError(f"weight transport {transport!r}: expected one of {TRANSPORTS}")

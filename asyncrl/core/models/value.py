@@ -5,7 +5,7 @@ import torch
 from transformers import AutoModel
 from transformers.utils import logging as hf_logging
 
-from asyncrl.batching import Batch
+from asyncrl.core.batching import Batch
 
 
 class ValueModel(torch.nn.Module):

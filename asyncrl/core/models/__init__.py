@@ -2,14 +2,14 @@
 
 `resolve_model_path` turns `model.path` into a directory on the driver's node (building a built-in once into
 the model cache); `model_source` adds what an actor on another node needs to find or copy it there
-(`asyncrl.models.cache.model_on_this_node`).
+(`asyncrl.core.models.cache.model_on_this_node`).
 """
 from __future__ import annotations
 
 from pathlib import Path
 
-from asyncrl.models import smollm2
-from asyncrl.models.cache import ModelSource, cached_build, manifest
+from asyncrl.core.models import smollm2
+from asyncrl.core.models.cache import ModelSource, cached_build, manifest
 
 BUILT_IN = ("tiny", smollm2.NAME)
 
@@ -17,7 +17,7 @@ BUILT_IN = ("tiny", smollm2.NAME)
 def builtin_dirname(path: str, digits: int, seed: int) -> str:
     """A built-in's directory name in the model cache ("" for anything else): it names what was built."""
     if path == "tiny":
-        from asyncrl.models.tiny import TinySpec
+        from asyncrl.core.models.tiny import TinySpec
 
         return f"tiny-addition-d{digits}-s{seed}-{TinySpec(digits=digits, seed=seed).key()}"
     return smollm2.cache_name() if path == smollm2.NAME else ""
@@ -28,7 +28,7 @@ def resolve_model_path(path: str, digits: int, seed: int, cache_dir: Path | str)
     'smollm2-135m-instruct', converted from its PyPI wheel; else a local HF model dir (made absolute)."""
     name = builtin_dirname(path, digits, seed)
     if path == "tiny":
-        from asyncrl.models.tiny import TinySpec, build_tiny_model
+        from asyncrl.core.models.tiny import TinySpec, build_tiny_model
 
         return cached_build(Path(cache_dir) / name, lambda out: build_tiny_model(out, TinySpec(digits=digits, seed=seed)))
     if name:
@@ -44,14 +44,14 @@ def resolve_model_path(path: str, digits: int, seed: int, cache_dir: Path | str)
 
 def model_dir(cfg) -> Path:
     """The driver-side directory of a Config's model (`model.path`, built into `model.cache_dir` if a built-in)."""
-    from asyncrl.models.cache import cache_dir
+    from asyncrl.core.models.cache import cache_dir
 
     return resolve_model_path(cfg.model.path, cfg.task.digits, cfg.run.seed, cache_dir(cfg.model.cache_dir))
 
 
 def model_source(path: str, digits: int, seed: int, configured_cache: str = "") -> ModelSource:
     """Resolve `model.path` on the driver's node (building a built-in there) into what every actor is given."""
-    from asyncrl.models.cache import cache_dir
+    from asyncrl.core.models.cache import cache_dir
 
     resolved = resolve_model_path(path, digits, seed, cache_dir(configured_cache))
     name = builtin_dirname(path, digits, seed)

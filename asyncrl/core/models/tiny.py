@@ -28,8 +28,8 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-from asyncrl.models.cache import cache_dir
-from asyncrl.tasks import TINY_HELD_OUT, AdditionTask, Prompt, carry_free_sum, exact_match
+from asyncrl.core.models.cache import cache_dir
+from asyncrl.core.tasks import TINY_HELD_OUT, AdditionTask, Prompt, carry_free_sum, exact_match
 
 BUILD_VERSION = 1  # bump when the recipe changes so cached models are rebuilt
 PAD, BOS, EOS = "<pad>", "<s>", "</s>"
@@ -292,14 +292,14 @@ def _save_atomic(out_dir: Path, model: Qwen2ForCausalLM, tokenizer: PreTrainedTo
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, help="build into DIR (default: the model cache, ~/.cache/asyncrl/models)")
+    parser.add_argument("--out", type=Path, help="build into DIR (default: the model cache, ~/.cache/asyncrl/core/models)")
     parser.add_argument("--digits", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     if args.out is not None:
         metrics = build_tiny_model(args.out, TinySpec(digits=args.digits, seed=args.seed))
     else:
-        from asyncrl.models import resolve_model_path
+        from asyncrl.core.models import resolve_model_path
 
         out = resolve_model_path("tiny", args.digits, args.seed, cache_dir())
         metrics = {"path": str(out), **json.loads((out / "warmstart.json").read_text())["metrics"]}

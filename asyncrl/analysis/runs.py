@@ -16,8 +16,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import yaml
 
-from asyncrl.schema import Status
-from asyncrl.store import read_trajectories
+from asyncrl.core.schema import Status
+from asyncrl.core.store import read_trajectories
 
 GENERATION_BOUND_WAIT = 0.40
 """Learner wait above this fraction of step time: the run is generation-bound."""
@@ -31,7 +31,7 @@ SYNC_ATTENTION = 0.05
 class Run:
     path: Path
     metrics: list[dict]  # one per learner step, in order
-    trajectories: pa.Table  # every recorded sample (asyncrl.schema.SAMPLE_SCHEMA)
+    trajectories: pa.Table  # every recorded sample (asyncrl.core.schema.SAMPLE_SCHEMA)
     config: dict | None = None
     summary: dict | None = None  # None: the run did not finish (killed, crashed, still running)
     engine_trace: list[dict] = field(default_factory=list)  # engine_trace.jsonl: {step, worker, t: [...], running: [...]}

@@ -14,7 +14,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from asyncrl.schema import SAMPLE_SCHEMA, SCHEMA_VERSION
+from asyncrl.core.schema import SAMPLE_SCHEMA, SCHEMA_VERSION
 
 
 class TrajectoryStore:

@@ -1,6 +1,6 @@
 """Where models live on a node, and how a built-in model reaches a node that lacks it.
 
-The cache is per user, not per working directory (`~/.cache/asyncrl/models` unless told otherwise), so a job
+The cache is per user, not per working directory (`~/.cache/asyncrl/core/models` unless told otherwise), so a job
 submitted with `ray job submit --working-dir .`, which runs in a fresh directory each time, finds the model the
 last job built. A built-in model (`tiny`, `smollm2-135m-instruct`) is built once on the driver's node; a node
 whose own cache lacks it copies the driver's files, byte for byte (`fetch_into`), so every actor starts from
@@ -26,7 +26,7 @@ CHUNK_BYTES = 64 << 20
 
 def cache_dir(configured: str = "") -> Path:
     """The model cache on this node: `model.cache_dir` when set (~ expanded), else $ASYNCRL_CACHE_DIR, else
-    $XDG_CACHE_HOME/asyncrl/models, else ~/.cache/asyncrl/models. Always absolute."""
+    $XDG_CACHE_HOME/asyncrl/core/models, else ~/.cache/asyncrl/core/models. Always absolute."""
     if configured:
         return Path(configured).expanduser().resolve()
     if os.environ.get(CACHE_ENV):
@@ -35,13 +35,14 @@ def cache_dir(configured: str = "") -> Path:
     return (base / "asyncrl" / "models").expanduser().resolve()
 
 
-def cached_build(out_dir: Path, build: Callable[[Path], object]) -> Path:
+def cached_build(out_dir: Path, build: Callable[[Path], object], doing: str = "building") -> Path:
     """`build(dir)` under a file lock unless already present, so concurrent callers build once; it writes into
     a sibling temporary directory that is renamed into place, so an interrupted build leaves nothing behind."""
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     with open(out_dir.parent / f".{out_dir.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (out_dir / "config.json").is_file():
+            print(f"asyncrl: {doing} {out_dir.name} into {out_dir.parent} (once: later runs reuse it)", flush=True)
             tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.build-", dir=out_dir.parent))
             try:
                 build(tmp)
@@ -109,8 +110,8 @@ def model_on_this_node(source: ModelSource, read: Callable[[str, int, int], byte
     local = cache_dir(source.cache) / source.builtin
     if local.exists() and manifest(local) != files:  # a different build under the same name: replace it
         shutil.rmtree(local)
-    print(f"asyncrl: copying {source.given} to {local} on {socket.gethostname()} from the driver's node", flush=True)
-    return str(cached_build(local, lambda tmp: fetch_into(tmp, files, read)))
+    doing = f"copying from the driver's node to {socket.gethostname()} ({node_ip()}):"
+    return str(cached_build(local, lambda tmp: fetch_into(tmp, files, read), doing))
 
 
 def node_ip() -> str:

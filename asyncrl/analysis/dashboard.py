@@ -1,6 +1,6 @@
 """Create a wandb workspace (a saved view) laying out asyncrl's panels.
 
-    python -m asyncrl.dashboard [--entity TEAM] [--project asyncrl] [--name "asyncrl overview"]
+    python -m asyncrl.analysis.dashboard [--entity TEAM] [--project asyncrl] [--name "asyncrl overview"]
 
 Needs to be online (WANDB_API_KEY set, or `wandb login`). Offline it prints
 what to do instead and exits 1: offline runs live in RUN_DIR/wandb/ and can be
@@ -47,16 +47,16 @@ def build_workspace(entity: str, project: str, name: str):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m asyncrl.dashboard", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m asyncrl.analysis.dashboard", description=__doc__.splitlines()[0])
     parser.add_argument("--entity", default=os.environ.get("WANDB_ENTITY", ""), help="team or user (default: your default entity)")
     parser.add_argument("--project", default="asyncrl")
     parser.add_argument("--name", default="asyncrl overview")
     args = parser.parse_args(argv)
     if not is_online():
         print(
-            "asyncrl.dashboard: wandb is offline (no WANDB_API_KEY and no `wandb login`), so there is no workspace to create.\n"
+            "asyncrl.analysis.dashboard: wandb is offline (no WANDB_API_KEY and no `wandb login`), so there is no workspace to create.\n"
             "  Runs are logged offline to RUN_DIR/wandb/offline-run-*; to see them in wandb:\n"
-            "    wandb login && wandb sync RUN_DIR/wandb/offline-run-* && python -m asyncrl.dashboard --project asyncrl",
+            "    wandb login && wandb sync RUN_DIR/wandb/offline-run-* && python -m asyncrl.analysis.dashboard --project asyncrl",
             file=sys.stderr,
         )
         return 1
@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
 
     entity = args.entity or wandb.Api().default_entity
     saved = build_workspace(entity, args.project, args.name).save()
-    print(f"asyncrl.dashboard: workspace saved: {getattr(saved, 'url', '')}")
+    print(f"asyncrl.analysis.dashboard: workspace saved: {getattr(saved, 'url', '')}")
     return 0
 
 

@@ -1,0 +1,70 @@
+"""Per-step metrics from what the actors report: pure functions (docs/metrics.md names every key)."""
+from __future__ import annotations
+
+from asyncrl.core.messages import WorkerStats
+
+SEEN_KEYS = ("tokens", "busy_s", "idle_s")
+
+
+def rollout_metrics(stats: list[WorkerStats], buffer: dict, seen: dict[int, dict], elapsed_s: float, restarts: int,
+                    group_size: int) -> tuple[dict, dict[int, dict]]:
+    """The rollout and buffer metrics of one step from every worker's counters and the buffer's, with the rates
+    since the previous step (`seen`: each worker's counters then); returns them and the counters to keep."""
+    elapsed_s = max(elapsed_s, 1e-9)
+    per_worker, now_seen = {}, {}
+    for st in stats:
+        before = seen.get(st.worker_id, dict.fromkeys(SEEN_KEYS, 0))
+        busy, idle = st.busy_s - before["busy_s"], st.idle_s - before["idle_s"]
+        per_worker[f"rollout/w{st.worker_id}/tokens_per_s"] = (st.tokens - before["tokens"]) / elapsed_s
+        per_worker[f"rollout/w{st.worker_id}/idle_frac"] = idle / max(busy + idle, 1e-9)
+        now_seen[st.worker_id] = {k: getattr(st, k) for k in SEEN_KEYS}
+    busy = sum(s.busy_s for s in stats)
+    idle = sum(s.idle_s for s in stats)
+    metrics = {
+        "rollout/tokens_per_s": sum(v for k, v in per_worker.items() if k.endswith("tokens_per_s")),
+        "rollout/idle_frac": idle / max(busy + idle, 1e-9), **per_worker,
+        "rollout/busy_s_total": busy, "rollout/restarts_total": restarts, "buffer/lost_samples": buffer["lost"],
+        "rollout/resubmitted_total": sum(s.resubmitted for s in stats),
+        "rollout/drain_s_total": sum(s.drain_s for s in stats),
+        "samples/generated_total": sum(s.groups_done for s in stats) * group_size,
+        "rollout/inflight_groups": sum(s.inflight_groups for s in stats),
+        "buffer/buffered_groups": buffer["buffered_groups"], "buffer/refused_admissions": buffer["refused_admissions"],
+        "buffer/dropped_stale": buffer["dropped_stale"], "buffer/dropped_error": buffer["dropped_error"],
+    }
+    return metrics, {**seen, **now_seen}
+
+
+def timing_metrics(step_s: float, waited_s: float, compute_s: float, sync: dict) -> dict:
+    """Where one step's time went: waiting for a batch, training, the weight sync's share on the loop."""
+    return {
+        "time/step_s": step_s, "time/learner_wait_s": waited_s, "time/learner_wait_frac": waited_s / step_s,
+        "time/learner_compute_s": compute_s, "time/weight_sync_s": sync["seconds"], "time/weight_sync_frac": sync["seconds"] / step_s,
+        "weights/sync_bytes": sync["bytes"], "time/weight_settle_s": sync["settle_s"], "time/weight_send_s": sync["send_s"],
+        "time/weight_load_s": sync["load_s"],
+    }
+
+
+def sample_totals(trained_total: int, generated_total: int, rollout_busy_s: float, learner_compute_total_s: float) -> dict:
+    return {
+        "samples/trained_total": trained_total,
+        "samples/effective_rate": trained_total / max(generated_total, 1),
+        "samples/cost_per_1k_effective": 1000 * (rollout_busy_s + learner_compute_total_s) / trained_total,
+    }
+
+
+def engine_running(traces: list[list[tuple[float, int]]]) -> dict:
+    """Running requests per engine step, over every worker's engine steps since the last learner step."""
+    running = [n for trace in traces for _, n in trace]
+    if not running:
+        return {}
+    return {"rollout/running_mean": sum(running) / len(running), "rollout/running_min": float(min(running)),
+            "rollout/engine_steps": float(len(running))}
+
+
+def batch_histograms(batch: list[dict], version: int) -> dict[str, list[float]]:
+    """Per-sample values of one batch, for wandb histograms."""
+    return {
+        "reward/hist": [float(s["reward"]) for s in batch],
+        "staleness/hist": [float(version - s["policy_version_start"]) for s in batch],
+        "samples/response_len_hist": [float(len(s["response_ids"])) for s in batch],
+    }

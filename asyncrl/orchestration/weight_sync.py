@@ -1,0 +1,59 @@
+"""The weight-sync protocol between learner rank 0 and the rollout engines.
+
+The transport (`asyncrl.core.weights.make_sender` / `make_receiver`: a torch.distributed broadcast, or CUDA IPC
+handles) carries each version; a version is published without waiting
+for the engines to load it, and at most one is in flight: the next publish first collects the loads of the last.
+An engine that dies while loading is reported, not replaced: replacing it is the controller's (with the rollout
+pool), after which `connect` rebuilds the group around the new engine and `publish` sends the version again.
+"""
+from __future__ import annotations
+
+import ray
+
+from asyncrl.core.config import Config
+from asyncrl.core.messages import SentWeights
+
+
+class WeightSync:
+    def __init__(self, learner, cfg: Config) -> None:
+        self.learner = learner  # rank 0: it publishes
+        self.bucket_bytes = cfg.learner.sync_bucket_bytes
+        self.in_flight: list | None = None  # each engine's load of the version last published
+
+    def connect(self, workers: list, host: str) -> None:
+        """(Re)build the group of learner rank 0 and every engine, rendezvousing at `host`."""
+        port = ray.get(self.learner.pick_port.remote(host))
+        meta, transport = ray.get([self.learner.weight_meta.remote(), self.learner.transport.remote()])
+        world = 1 + len(workers)
+        refs = [self.learner.init_weight_sync.remote(host, port, world)]
+        refs += [w.init_weight_sync.remote(host, port, 1 + i, world, transport, meta, self.bucket_bytes) for i, w in enumerate(workers)]
+        ray.get(refs)
+
+    def publish(self, workers: list, version: int) -> dict:
+        """Send the learner's weights to every engine as `version`; the loads stay in flight (`collect`)."""
+        sent: SentWeights = ray.get(self.learner.send_weights.remote())
+        self.in_flight = [w.update_weights.remote(version, sent.payload) for w in workers]
+        return {"bytes": sent.bytes, "send_s": sent.seconds}
+
+    def collect(self, skip: int | None = None) -> tuple[float, list[int]]:
+        """Wait for the version in flight: (slowest engine's receive-and-load seconds, engines that died doing it).
+
+        A peer dying breaks the broadcast for every receiver (gloo fails it on all ranks at once); the survivors
+        keep their previous weights (nothing is loaded before the last bucket is in) and get the version again
+        once the group is rebuilt, so their errors are expected then and only then (`skip`: the engine already
+        known dead)."""
+        if self.in_flight is None:
+            return 0.0, []
+        receivers, self.in_flight = self.in_flight, None
+        dead, errors, load_s = [], [], 0.0
+        for i, ref in enumerate(receivers):
+            try:
+                load_s = max(load_s, ray.get(ref).seconds)
+            except ray.exceptions.RayActorError:  # died mid-update
+                dead.append(i)
+            except ray.exceptions.RayTaskError as exc:
+                errors.append(exc)
+        if errors and not dead and skip is None:
+            raise errors[0]
+        ray.get(self.learner.weights_loaded.remote())  # e.g. the IPC snapshot, mapped and loaded by every engine, may go
+        return load_s, [i for i in dead if i != skip]
