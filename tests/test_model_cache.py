@@ -63,8 +63,10 @@ def test_a_node_without_the_builtin_copies_it_from_the_driver(tmp_path, monkeypa
     assert got == str(tmp_path / "node2" / "tiny-x") and manifest(Path(got)) == manifest(driver)
     # the second job on this node finds its copy: nothing is read
     assert model_on_this_node(source, lambda *a: pytest.fail("read again")) == got
-    # where the driver's own path is present and whole (one node, or a shared disk), it is used as it is
+    # a node whose cache is the driver's (a shared home directory) finds the model there: nothing is read
+    monkeypatch.setenv("ASYNCRL_CACHE_DIR", str(driver.parent))
     assert model_on_this_node(ModelSource("tiny", str(driver), "tiny-x", source.files), None) == str(driver)
+    monkeypatch.setenv("ASYNCRL_CACHE_DIR", str(tmp_path / "node2"))
     # a stale copy under the same name (a different build) is replaced
     (Path(got) / "config.json").write_text('{"a": 22}')
     assert model_on_this_node(source, lambda rel, offset, size: read_chunk(driver, rel, offset, size)) == got

@@ -119,8 +119,9 @@ def place_model(model: ModelSource, nodes: set[str]) -> dict[str, str]:
     pin = NodeAffinitySchedulingStrategy(here, soft=False)
     files = ray.remote(ModelFiles).options(num_cpus=0, scheduling_strategy=pin).remote(model.path) if model.builtin else None
     read = None if files is None else (lambda rel, offset, size: ray.get(files.read.remote(rel, offset, size)))
-    find = ray.remote(model_on_this_node).options(num_cpus=0, max_retries=0)
-    refs = [find.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n, soft=False)).remote(model, read) for n in others]
+    find = ray.remote(model_on_this_node)
+    refs = [find.options(num_cpus=0, max_retries=0, scheduling_strategy=NodeAffinitySchedulingStrategy(n, soft=False)).remote(model, read)
+            for n in others]
     try:
         paths.update(zip(others, ray.get(refs)))
     except ray.exceptions.RayTaskError as exc:

@@ -93,22 +93,23 @@ class ModelSource:
 
 
 def model_on_this_node(source: ModelSource, read: Callable[[str, int, int], bytes] | None) -> str:
-    """This node's directory of the model: the driver's own path when it is here and whole, else for a built-in
-    this node's cache, copied from the driver's node through `read` when missing (once, under a lock)."""
+    """The model's directory on this node, which is not the driver's: a local model directory where the driver has
+    it (or a ValueError naming this node); a built-in from this node's own cache, copied there from the driver's
+    node through `read` when missing or different (once, under a lock). Where the cache is on a disk the nodes
+    share, the driver's copy is already there and nothing is read."""
     files = dict(source.files)
     if not source.builtin:
         if (Path(source.path) / "config.json").is_file():
             return source.path
         raise ValueError(f"model.path {source.given!r}: {source.path} does not exist on node {socket.gethostname()} "
                          f"({node_ip()}); a local model directory must be on every node that runs an actor (or on shared storage)")
-    for candidate in (Path(source.path), cache_dir(source.cache) / source.builtin):
-        if candidate.is_dir() and manifest(candidate) == files:
-            return str(candidate)
+    local = cache_dir(source.cache) / source.builtin
+    if local.is_dir() and manifest(local) == files:
+        return str(local)
     if read is None:
         raise ValueError(f"model.path {source.given!r}: not in this node's cache ({cache_dir(source.cache)}) "
                          f"on {socket.gethostname()} ({node_ip()}), and no copy from the driver's node was offered")
-    local = cache_dir(source.cache) / source.builtin
-    if local.exists() and manifest(local) != files:  # a different build under the same name: replace it
+    if local.exists():  # a different build under the same name: replace it
         shutil.rmtree(local)
     doing = f"copying from the driver's node to {socket.gethostname()} ({node_ip()}):"
     return str(cached_build(local, lambda tmp: fetch_into(tmp, files, read), doing))
