@@ -34,7 +34,7 @@ class ModelConfig(_Section):
     path: str = "tiny"
     """"tiny" builds (once, cached) the project's warm-started tiny model; otherwise a local HF model directory."""
     cache_dir: str = ""
-    """Where built-in models are cached on each node; empty: $ASYNCRL_CACHE_DIR, else ~/.cache/asyncrl/core/models (per user, so every job reuses it)."""
+    """Where built-in models are cached on each node; empty: $ASYNCRL_CACHE_DIR, else ~/.cache/asyncrl/models (per user, so every job reuses it)."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """Weights dtype for learner and engine: float32, bfloat16 or float16."""
     max_model_len: int = Field(64, ge=2)

@@ -65,10 +65,15 @@ def choose_cluster(given: str, recorded: str, record_file: str, why_unreachable:
     return recorded, f"asyncrl: joining the Ray cluster at {recorded} (started by `ray start`; run.ray_address=local for a private one)"
 
 
+def requested_address(cfg: Config) -> str:
+    """The Ray address the user asked for: run.ray_address, else RAY_ADDRESS ("" for none)."""
+    return cfg.run.ray_address or os.environ.get("RAY_ADDRESS", "")
+
+
 def connect_ray(cfg: Config) -> bool:
     """Join RAY_ADDRESS / run.ray_address, or the cluster `ray start` recorded, else start a local cluster.
     True if started here."""
-    given = cfg.run.ray_address or os.environ.get("RAY_ADDRESS", "")
+    given = requested_address(cfg)
     recorded, record_file = ("", "") if given else recorded_cluster()
     address, message = choose_cluster(given, recorded, record_file, unreachable(recorded) if recorded else "")
     if message:

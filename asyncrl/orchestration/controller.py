@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import time
 import uuid
 from pathlib import Path
@@ -34,7 +33,7 @@ from asyncrl.core.metrics import MetricsSink
 from asyncrl.core.models import model_source
 from asyncrl.core.models.cache import ModelSource
 from asyncrl.core.tasks import make_reward, make_task
-from asyncrl.orchestration.cluster import bundle_nodes, check_reachable, connect_ray, in_pool, place_model, resource_pool
+from asyncrl.orchestration.cluster import bundle_nodes, check_reachable, connect_ray, in_pool, place_model, requested_address, resource_pool
 from asyncrl.orchestration.pools import RolloutPool
 from asyncrl.orchestration.step_metrics import batch_histograms, engine_running, rollout_metrics, sample_totals, timing_metrics
 from asyncrl.orchestration.weight_sync import WeightSync
@@ -337,7 +336,7 @@ def run(cfg: Config, resume: bool = False) -> dict:
         if checkpoint is None:
             raise ValueError(f"--resume: no checkpoint in {Path(cfg.run.output_dir) / 'checkpoints'} (run.checkpoint_every was 0, or the run stopped before its first)")
         truncate_metrics(Path(cfg.run.output_dir) / "metrics.jsonl", read_state(checkpoint)["next_step"])
-    if (given := cfg.run.ray_address or os.environ.get("RAY_ADDRESS", "")) and given != "local":
+    if (given := requested_address(cfg)) and given != "local":
         check_reachable(given)
     run_dir = prepare_run_dir(cfg)
     started = connect_ray(cfg)

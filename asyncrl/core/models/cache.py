@@ -1,6 +1,6 @@
 """Where models live on a node, and how a built-in model reaches a node that lacks it.
 
-The cache is per user, not per working directory (`~/.cache/asyncrl/core/models` unless told otherwise), so a job
+The cache is per user, not per working directory (`~/.cache/asyncrl/models` unless told otherwise), so a job
 submitted with `ray job submit --working-dir .`, which runs in a fresh directory each time, finds the model the
 last job built. A built-in model (`tiny`, `smollm2-135m-instruct`) is built once on the driver's node; a node
 whose own cache lacks it copies the driver's files, byte for byte (`fetch_into`), so every actor starts from
@@ -26,7 +26,7 @@ CHUNK_BYTES = 64 << 20
 
 def cache_dir(configured: str = "") -> Path:
     """The model cache on this node: `model.cache_dir` when set (~ expanded), else $ASYNCRL_CACHE_DIR, else
-    $XDG_CACHE_HOME/asyncrl/core/models, else ~/.cache/asyncrl/core/models. Always absolute."""
+    $XDG_CACHE_HOME/asyncrl/models, else ~/.cache/asyncrl/models. Always absolute."""
     if configured:
         return Path(configured).expanduser().resolve()
     if os.environ.get(CACHE_ENV):

@@ -292,7 +292,7 @@ def _save_atomic(out_dir: Path, model: Qwen2ForCausalLM, tokenizer: PreTrainedTo
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, help="build into DIR (default: the model cache, ~/.cache/asyncrl/core/models)")
+    parser.add_argument("--out", type=Path, help="build into DIR (default: the model cache, ~/.cache/asyncrl/models)")
     parser.add_argument("--digits", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
