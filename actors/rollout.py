@@ -1,4 +1,4 @@
-"""RolloutWorker: owns one vLLM engine and generates groups continuously.
+"""RolloutWorker: owns one engine (vLLM or SGLang, rollout.engine) and generates groups continuously.
 
 A background thread runs the loop: apply a pending weight update, ask the
 buffer to admit new groups (the staleness bound), add their requests, step the
@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 
 import ray
 
-from actors.engine import Finished, VLLMEngine
+from actors.engine import Finished, make_engine
 from asyncrl.core.config import Config
 from asyncrl.core.messages import GroupId, LoadReport, WorkerCounters, WorkerStats, group_of
 from asyncrl.core.schema import Status, new_sample
@@ -97,8 +97,8 @@ class RolloutWorker:
         pin_to_cores(cfg.rollout.cpu_affinity)
         self.id, self.cfg, self.buffer, self.run_id = worker_id, cfg, buffer, run_id
         r = cfg.rollout
-        self.engine = VLLMEngine(
-            model_path, cfg.model.dtype, cfg.model.max_model_len, cfg.run.seed + worker_id, r.kv_cache_gib, r.gpu_memory_utilization
+        self.engine = make_engine(
+            r.engine, model_path, cfg.model.dtype, cfg.model.max_model_len, cfg.run.seed + worker_id, r.kv_cache_gib, r.gpu_memory_utilization
         )
         self.params = self.engine.sampling_params(r.temperature, r.top_p, r.max_new_tokens)
         self.engine.warm_up(self.params, self.engine.tokenizer("1+1=").input_ids)

@@ -4,7 +4,7 @@
     .venv/bin/python bench/weight_sync.py --sizes tiny --repeats 20
 
 Two processes on this machine form a gloo group through the same function the
-learner uses (vLLM's stateless group, `asyncrl.core.weights.init_group`). Rank 0
+learner uses (`asyncrl.core.weights.init_group`, the protocol SGLang joins with). Rank 0
 publishes a model's parameters with `WeightSender` as the learner does (bucket
 plan of `learner.sync_bucket_mb`, parameters living in their buckets' buffers,
 every bucket posted in place) and rank 1 receives them with `WeightReceiver`

@@ -69,8 +69,10 @@ class TaskConfig(_Section):
 
 
 class RolloutConfig(_Section):
+    engine: Literal["vllm", "sglang"] = "vllm"
+    """Inference engine of the rollout actors: vllm or sglang (installed next to the environment by `make sglang`; README "Engines")."""
     num_workers: int = Field(1, ge=1)
-    """Rollout actors, each owning one vLLM engine."""
+    """Rollout actors, each owning one engine."""
     group_size: int = Field(8, ge=2)
     """Responses sampled per prompt (the GRPO group)."""
     temperature: float = Field(1.0, gt=0)
@@ -82,7 +84,7 @@ class RolloutConfig(_Section):
     max_inflight_groups: int = Field(16, ge=1)
     """Groups one worker keeps in its engine at once."""
     kv_cache_gib: float = Field(1.0, gt=0)
-    """KV cache per engine on the CPU (VLLM_CPU_KVCACHE_SPACE)."""
+    """KV cache per engine on the CPU (vLLM: VLLM_CPU_KVCACHE_SPACE; SGLang: max_total_tokens that fill it)."""
     gpu_memory_utilization: float = 0.4
     """Engine memory fraction on a GPU (ignored on the CPU)."""
     num_cpus: float = 1.0

@@ -1,8 +1,9 @@
 """Weight transport: learner rank 0 sends flat buckets to every engine worker.
 
 Two transports over one bucket plan (`learner.weight_transport`):
-- ``broadcast`` (CPUs and GPUs): vLLM's stateless torch.distributed group
-  (gloo on CPUs, NCCL on GPUs), the group's own `broadcast`.
+- ``broadcast`` (CPUs and GPUs): a torch.distributed group outside the default one
+  (gloo on CPUs, NCCL on GPUs; `init_group`, the protocol SGLang joins with), each
+  bucket broadcast as its bytes.
 - ``cuda_ipc`` (learner and engine colocated on one GPU, where NCCL cannot
   connect two processes on the same device): each bucket is exported as a CUDA
   IPC handle (torch's `reduce_tensor`) that travels by Ray; the engine maps it
@@ -70,20 +71,37 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def init_group(host: str, port: int, rank: int, world_size: int, backend: str, timeout_s: float = 300.0):
-    """Join the weight-broadcast group (rank 0 is the learner)."""
-    from vllm.distributed.utils import stateless_init_torch_distributed_process_group
+def group_name(port: int) -> str:
+    """The weight group's name: both ends derive it from the port of its store (a group rebuilt after a worker
+    restart gets a new port, so a new name, which torch requires of groups in one process)."""
+    return f"asyncrl-weights-{port}"
 
-    return stateless_init_torch_distributed_process_group(
-        host, port, rank, world_size, backend=backend, timeout=timedelta(seconds=timeout_s)
-    )
+
+def init_group(host: str, port: int, rank: int, world_size: int, backend: str, timeout_s: float = 300.0):
+    """Join the weight-broadcast group (rank 0 is the learner).
+
+    The protocol is the one SGLang's `init_weights_update_group` speaks (and verl's and OpenRLHF's trainers): a
+    TCP rendezvous at host:port that rank 0 hosts, a PrefixStore named `group_name(port)`, and torch's
+    `_new_process_group_helper` for a group outside any default process group. So vLLM workers, SGLang schedulers
+    and the learner all join the same group with their own code, and no default group is needed on any side."""
+    from torch.distributed.distributed_c10d import Backend, PrefixStore, _new_process_group_helper, _world, rendezvous
+
+    timeout = timedelta(seconds=timeout_s)
+    name = group_name(port)
+    store, rank, world_size = next(rendezvous(f"tcp://{host}:{port}", rank, world_size, timeout=timeout))
+    store.set_timeout(timeout)
+    pg, _ = _new_process_group_helper(world_size, rank, [], Backend(backend), PrefixStore(name, store),
+                                      group_name=name, backend_options=None, timeout=timeout)
+    _world.pg_group_ranks[pg] = {i: i for i in range(world_size)}
+    return pg
 
 
 def _broadcast(group, tensor: torch.Tensor):
-    """Post a broadcast from rank 0 on `group`; returns its work (`.wait()` completes it)."""
+    """Post a broadcast from rank 0 on `group`; returns its work (`.wait()` completes it). A flat buffer goes as
+    its bytes, the wire format SGLang's flattened buckets receive into (uint8), whatever the weights' dtype."""
     opts = BroadcastOptions()
     opts.rootRank = 0
-    return group.broadcast([tensor], opts)
+    return group.broadcast([tensor.view(torch.uint8) if tensor.dim() == 1 else tensor], opts)
 
 
 def bucket_buffers(meta: list[TensorMeta], buckets: list[list[int]], device: torch.device) -> list[torch.Tensor]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import ray
 from ray.util.placement_group import PlacementGroup
 
+from actors.engine import engine_runtime_env
 from actors.rollout import RolloutWorker
 from asyncrl.core.config import Config
 from asyncrl.core.messages import WorkerStats
@@ -26,6 +27,9 @@ class RolloutPool:
     def _new(self, i: int, cursor: int, first_group: int):
         r = self.cfg.rollout
         opts = {"num_cpus": r.num_cpus, "num_gpus": r.num_gpus, "resources": r.resources, "max_concurrency": 4}
+        runtime_env = engine_runtime_env(r.engine, on_gpu=r.num_gpus > 0)
+        if runtime_env:  # merged by Ray over the job's runtime_env (its working_dir, env_vars)
+            opts["runtime_env"] = runtime_env
         return (ray.remote(RolloutWorker).options(**opts, scheduling_strategy=in_pool(self.pg, i))
                 .remote(i, self.cfg, self.model_paths[i], self.buffer, self.run_id, cursor, first_group))
 
