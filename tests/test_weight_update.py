@@ -4,10 +4,12 @@ End-to-end, on the smoke config with the untrained tiny model: its responses
 have random lengths up to 48 tokens and one group at a time is in flight, so
 generation is the bottleneck and the worker is mid-group at nearly every
 update. `keep` shows that setting does make samples span versions; `abort`
-and `drain` must then leave none that do. In-process, with a real engine and
+and `drain` must then leave none that do. With one worker (its own actor, so
+that an SGLang engine gets the environment a run gives it), a real engine and
 the weight transfer stubbed out, the abort and drain steps are checked one
-engine step at a time. The buffer judges a group by its oldest sample, since
-abort lets starts differ within a group (a fast unit test).
+engine step at a time. Each of these runs once per engine (rollout.engine).
+The buffer judges a group by its oldest sample, since abort lets starts differ
+within a group (a fast unit test).
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import pytest
 import ray
 
 from actors.buffer import ReplayBuffer
+from actors.engine import engine_runtime_env
 from actors.rollout import RolloutWorker
 from asyncrl.core.config import load_config
 from asyncrl.orchestration.cluster import ACTOR_ENV
@@ -29,12 +32,15 @@ from tests.test_e2e import run_smoke
 slow = pytest.mark.slow  # everything here but the buffer test runs a real engine
 STEPS, BATCH, MAX_STALENESS = 4, 16, 1
 LONG_REQUESTS = ("rollout.max_new_tokens=48", "rollout.max_inflight_groups=1")
+ENGINES = ("vllm", "sglang")
 
 
-@pytest.fixture(scope="module", params=["keep", "abort", "drain"])
+@pytest.fixture(scope="module", params=[(e, m) for e in ENGINES for m in ("keep", "abort", "drain")], ids=lambda p: "-".join(p))
 def run_in_mode(request, random_model_dir, tmp_path_factory) -> tuple[str, list[dict], dict]:
-    mode, out = request.param, tmp_path_factory.mktemp(f"weight_update_{request.param}")
-    run_smoke(out, random_model_dir, f"run.steps={STEPS}", "run.eval=false", f"rollout.weight_update={mode}", *LONG_REQUESTS)
+    engine, mode = request.param
+    out = tmp_path_factory.mktemp(f"weight_update_{engine}_{mode}")
+    run_smoke(out, random_model_dir, f"run.steps={STEPS}", "run.eval=false", f"rollout.engine={engine}",
+              f"rollout.weight_update={mode}", *LONG_REQUESTS)
     (worker,) = json.loads((out / "summary.json").read_text())["rollout"]
     return mode, read_trajectories(out / "trajectories").to_pylist(), worker
 
@@ -57,6 +63,8 @@ def test_every_sample_recorded_once_and_staleness_bounded(run_in_mode):
         assert len(r["behavior_logprobs"]) == len(r["response_ids"]) > 0
     for r in generated(rows):
         assert r["policy_version_start"] <= r["policy_version_end"]
+    versions = sorted({r["consumed_version"] for r in consumed})
+    assert versions == list(range(STEPS)), "every learner step trained on a batch, at its own version"
 
 
 @slow
@@ -77,44 +85,61 @@ def test_counters_say_what_happened_at_the_updates(run_in_mode):
     assert (worker["drain_s"] > 0) == (mode == "drain"), worker
 
 
-# ---- in-process: one RolloutWorker, a real engine and buffer, no learner ---------------------
+# ---- one RolloutWorker in its own actor, a real engine and buffer, no learner ------------------
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def ray_session():
     ray.init(num_cpus=2, runtime_env={"env_vars": ACTOR_ENV}, include_dashboard=False, logging_level="WARNING")
     yield
     ray.shutdown()
 
 
-def make_worker(mode: str, model_dir: str, store_dir: Path):
-    cfg = load_config(None, [f"rollout.weight_update={mode}", "rollout.group_size=4", "rollout.max_new_tokens=48"])
+class SteppedWorker(RolloutWorker):
+    """A RolloutWorker whose loop the test runs by hand: weights never arrive (an update only moves the version)."""
+
+    def prime(self) -> list[str]:
+        """Start two groups of 4 and step until some samples, not all, have finished; returns the running ones."""
+        self.engine.receive_weights = lambda payload=None: 0
+        self._start_groups(2)
+        while len(list(self._request_ids())) == 8:
+            self._step()
+        return list(self._request_ids())
+
+    def running(self) -> list[str]:
+        return sorted(self._request_ids())
+
+    def state(self) -> dict:
+        return {"resubmitted": self.counters.resubmitted, "drain_s": self.counters.drain_s, "version": self.version,
+                "engine_busy": self.engine.has_unfinished(), "inflight": len(self.inflight)}
+
+
+def make_worker(engine: str, mode: str, model_dir: str, store_dir: Path):
+    cfg = load_config(None, [f"rollout.engine={engine}", f"rollout.weight_update={mode}", "rollout.group_size=4", "rollout.max_new_tokens=48"])
     buffer = ray.remote(ReplayBuffer).remote(cfg, str(store_dir))
-    worker = RolloutWorker(0, cfg, model_dir, buffer, "t")
-    worker.engine.receive_weights = lambda handles=None: 0  # no learner here: an update only moves the version
-    worker._start_groups(2)
-    while len(list(worker._request_ids())) == 8:  # step until some samples have finished
-        worker._step()
-    return worker, buffer
+    worker = ray.remote(SteppedWorker).options(num_cpus=1, runtime_env=engine_runtime_env(engine, on_gpu=False)).remote(0, cfg, model_dir, buffer, "t")
+    return worker, buffer, ray.get(worker.prime.remote())
 
 
-def stop_and_read(worker: RolloutWorker, buffer, store_dir: Path) -> dict[str, dict]:
-    worker.stop()
+def stop_and_read(worker, buffer, store_dir: Path) -> dict[str, dict]:
+    ray.get(worker.stop.remote())
     ray.get(buffer.close.remote())
+    ray.kill(worker)
     rows = read_trajectories(store_dir).to_pylist()
     assert len(rows) == len({r["sample_id"] for r in rows}) == 8  # every sample, once
     return {r["sample_id"]: r for r in rows}
 
 
 @slow
-def test_abort_restarts_only_the_running_samples_at_the_new_version(random_model_dir, ray_session, tmp_path):
-    worker, buffer = make_worker("abort", random_model_dir, tmp_path / "traj")
-    running = list(worker._request_ids())
+@pytest.mark.parametrize("engine", ENGINES)
+def test_abort_restarts_only_the_running_samples_at_the_new_version(random_model_dir, ray_session, tmp_path, engine):
+    worker, buffer, running = make_worker(engine, "abort", random_model_dir, tmp_path / "traj")
     assert 0 < len(running) < 8
-    worker.update_weights(1)
-    assert worker.counters.resubmitted == len(running)
-    assert sorted(worker._request_ids()) == sorted(running)  # the same ids, running again
-    assert worker.engine.has_unfinished()
+    ray.get(worker.update_weights.remote(1))
+    state = ray.get(worker.state.remote())
+    assert state["resubmitted"] == len(running)
+    assert ray.get(worker.running.remote()) == sorted(running)  # the same ids, running again
+    assert state["engine_busy"]
 
     rows = stop_and_read(worker, buffer, tmp_path / "traj")
     for sample_id, r in rows.items():
@@ -125,12 +150,14 @@ def test_abort_restarts_only_the_running_samples_at_the_new_version(random_model
 
 
 @slow
-def test_drain_finishes_the_running_samples_on_the_old_weights_first(random_model_dir, ray_session, tmp_path):
-    worker, buffer = make_worker("drain", random_model_dir, tmp_path / "traj")
-    assert list(worker._request_ids())
-    worker.update_weights(1)
-    assert not worker.engine.has_unfinished() and not worker.inflight
-    assert worker.version == 1 and worker.counters.drain_s > 0
+@pytest.mark.parametrize("engine", ENGINES)
+def test_drain_finishes_the_running_samples_on_the_old_weights_first(random_model_dir, ray_session, tmp_path, engine):
+    worker, buffer, running = make_worker(engine, "drain", random_model_dir, tmp_path / "traj")
+    assert running
+    ray.get(worker.update_weights.remote(1))
+    state = ray.get(worker.state.remote())
+    assert not state["engine_busy"] and not state["inflight"]
+    assert state["version"] == 1 and state["drain_s"] > 0
 
     rows = stop_and_read(worker, buffer, tmp_path / "traj")
     assert {(r["status"], r["policy_version_start"], r["policy_version_end"]) for r in rows.values()} == {("unconsumed_at_end", 0, 0)}

@@ -308,7 +308,11 @@ class Controller:
 
 
 def check_plugins(cfg: Config) -> None:
-    """Task, reward and algorithm resolve before Ray starts (ValueError naming the culprit)."""
+    """Task, reward, algorithm and engine resolve before Ray starts (an error naming the culprit)."""
+    if cfg.rollout.engine == "sglang":
+        from actors.sglang_engine import check_installed
+
+        check_installed()
     make_task(cfg.task, cfg.run.seed)
     make_reward(cfg.task.reward)
     get_algorithm(cfg.algorithm.name)
