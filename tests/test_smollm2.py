@@ -16,7 +16,8 @@ from asyncrl.core.models import resolve_model_path
 from asyncrl.core.tasks import encode_prompt
 
 LOGPROB_TOL = 2e-2
-"""Largest per-token gap allowed between vLLM's and the learner's log-prob of a sampled token, fp32 on both sides."""
+"""Largest per-token gap allowed between the engine's and the learner's log-prob of a sampled token, fp32 on both
+sides (vLLM's CPU kernels differ from Hugging Face's by up to about 1e-2 here; SGLang's torch_native path by less)."""
 
 
 def test_built_in_is_converted_once_from_the_checksummed_wheel(smollm2_dir, tmp_path, monkeypatch):
@@ -47,16 +48,20 @@ def test_chat_prompt_is_token_ids_of_one_templated_user_turn(smollm2_dir):
 
 
 @pytest.mark.slow
-def test_engine_and_learner_agree_on_sampled_tokens_after_a_lora_sync(ray_local, smollm2_dir, tmp_path):
+@pytest.mark.parametrize("engine", ["vllm", pytest.param("sglang", marks=pytest.mark.slow)])
+def test_engine_and_learner_agree_on_sampled_tokens_after_a_lora_sync(ray_local, smollm2_dir, tmp_path, engine):
+    """Behaviour log-probs are the engine's after temperature (0.7 here), for each engine; EOS ends a response
+    as "stop" and is its last token, a response cut at max_new_tokens is "length"."""
     max_new = 24
-    cfg = load_config(None, [
+    cfg = load_config(None, [f"rollout.engine={engine}",
         "model.path=smollm2-135m-instruct", "model.max_model_len=256", "task.chat=true",
         "rollout.group_size=2", "rollout.temperature=0.7", f"rollout.max_new_tokens={max_new}",
         "learner.batch_size=2", "learner.micro_batch_size=2", "learner.lr=2e-3", "learner.lora.rank=8",
         "logging.wandb=false", f"run.output_dir={tmp_path}",
     ])
     ctl = Controller(cfg, tmp_path, ModelSource(given=smollm2_dir, path=smollm2_dir))
-    texts = ["Reply with just the word yes.", "Write a long story about a dragon who learns to count."]
+    # three samples of a short reply (at temperature 0.7 one may still ramble past 24 tokens) and a long one
+    texts = ["Reply with just the word yes."] * 3 + ["Write a long story about a dragon who learns to count."]
     eos = AutoTokenizer.from_pretrained(smollm2_dir).eos_token_id
 
     def gap(samples: list[dict]) -> float:
@@ -69,11 +74,15 @@ def test_engine_and_learner_agree_on_sampled_tokens_after_a_lora_sync(ray_local,
 
     try:
         before = ray.get(ctl.workers[0].sample.remote(texts))
-        short, long = before
-        assert short["finish_reason"] == "stop" and short["response_ids"][-1] == eos and len(short["response_ids"]) < max_new
-        assert long["finish_reason"] == "length" and len(long["response_ids"]) == max_new and eos not in long["response_ids"]
+        for s in before:  # each ends one of two ways, and says which
+            if s["finish_reason"] == "stop":
+                assert s["response_ids"][-1] == eos and len(s["response_ids"]) <= max_new
+            else:
+                assert s["finish_reason"] == "length" and len(s["response_ids"]) == max_new and eos not in s["response_ids"]
+        assert "stop" in [s["finish_reason"] for s in before[:3]], "no reply to 'just the word yes' ended on EOS"
+        assert before[3]["finish_reason"] == "length"  # a long story does not fit in 24 tokens
         assert gap(before) < LOGPROB_TOL
-        batch = [{**s, "group_id": "g0", "reward": r, "policy_version_start": 0} for s, r in zip(before, (1.0, 0.0))]
+        batch = [{**s, "group_id": "g0", "reward": r, "policy_version_start": 0} for s, r in zip(before[2:], (1.0, 0.0))]
         for step in range(2):
             ray.get(ctl.learner.train_step.remote(batch, step))
         assert gap(before) > 5 * LOGPROB_TOL  # the adapter moved the policy: the old behaviour log-probs are off now
