@@ -6,8 +6,8 @@ starts in seconds on the CPU and lets weights change between two engine steps.
 running, so those requests go on under the new weights (PipelineRL's in-flight
 update); the worker may instead abort them first (`abort` is immediate and
 leaves the other requests running) or step until none is left
-(rollout.weight_update). Nothing here knows about RL; `make_engine` picks vLLM or
-SGLang (actors/sglang_engine.py) behind the same methods (rollout.engine).
+(rollout.weight_update). Nothing here knows about RL; SGLang stands behind the
+same methods (actors/sglang_engine.py), and actors/engines.py picks one (rollout.engine).
 """
 from __future__ import annotations
 
@@ -38,26 +38,6 @@ def configure_cpu_env(kv_cache_gib: float) -> None:
     """vLLM reads these at import/start: in-process engine core, a fixed KV cache size."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, round(kv_cache_gib)))
-
-
-def make_engine(engine: str, model_path: str, dtype: str, max_model_len: int, seed: int, kv_cache_gib: float, gpu_mem: float):
-    """The engine `rollout.engine` names, with the same methods either way."""
-    if engine == "sglang":
-        from actors.sglang_engine import SGLangEngine
-
-        return SGLangEngine(model_path, dtype, max_model_len, seed, kv_cache_gib, gpu_mem)
-    if engine == "vllm":
-        return VLLMEngine(model_path, dtype, max_model_len, seed, kv_cache_gib, gpu_mem)
-    raise ValueError(f"rollout.engine={engine!r}: expected vllm or sglang")
-
-
-def engine_runtime_env(engine: str, on_gpu: bool) -> dict:
-    """What a rollout actor of `engine` adds to the job's runtime_env (SGLang: its own PYTHONPATH)."""
-    if engine == "sglang":
-        from actors.sglang_engine import sglang_env
-
-        return {"env_vars": sglang_env(on_gpu)}
-    return {}
 
 
 class VLLMEngine:

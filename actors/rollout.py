@@ -49,7 +49,8 @@ from dataclasses import dataclass, field
 
 import ray
 
-from actors.engine import Finished, make_engine
+from actors.engine import Finished
+from actors.engines import make_engine
 from asyncrl.core.config import Config
 from asyncrl.core.messages import GroupId, LoadReport, WorkerCounters, WorkerStats, group_of
 from asyncrl.core.schema import Status, new_sample

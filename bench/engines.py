@@ -4,7 +4,7 @@
     .venv/bin/python bench/engines.py --config configs/smollm2_word_problems.yaml    # 135 M, a few minutes
 
 Each engine runs in a process of its own with the environment a rollout actor of it gets (SGLang: the
-PYTHONPATH of `actors.engine.engine_runtime_env`), one after the other, pinned to the rollout worker's cores
+PYTHONPATH of `actors.engines.engine_runtime_env`), one after the other, pinned to the rollout worker's cores
 as in a run. Both are driven through the same facade the rollout worker uses (`add` / `step`):
 
 - generation: the same `--prompts` prompts of the job's task, `rollout.group_size` samples each, the job's
@@ -45,7 +45,7 @@ def child(args) -> None:
     """One engine: generation rounds, then `--versions` weight versions received from the parent (rank 0)."""
     import torch
 
-    from actors.engine import make_engine
+    from actors.engines import make_engine
     from asyncrl.core.config import load_config
     from asyncrl.core.models import model_dir
     from asyncrl.core.tasks import encode_prompt, make_task
@@ -107,7 +107,7 @@ def run_engine(engine: str, args, cfg, model_path: str) -> dict:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from actors.engine import engine_runtime_env
+    from actors.engines import engine_runtime_env
     from asyncrl.core.weights import WeightSender, flatten_into_buckets, free_port, init_group, plan_buckets, tensor_meta
 
     env = dict(os.environ)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from actors import sglang_engine
-from actors.engine import engine_runtime_env
+from actors.engines import engine_runtime_env
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIMS = ROOT / "shims" / "sglang_cpu"

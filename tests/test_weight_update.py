@@ -21,7 +21,7 @@ import pytest
 import ray
 
 from actors.buffer import ReplayBuffer
-from actors.engine import engine_runtime_env
+from actors.engines import engine_runtime_env
 from actors.rollout import RolloutWorker
 from asyncrl.core.config import load_config
 from asyncrl.orchestration.cluster import ACTOR_ENV

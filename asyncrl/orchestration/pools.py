@@ -9,7 +9,7 @@ from __future__ import annotations
 import ray
 from ray.util.placement_group import PlacementGroup
 
-from actors.engine import engine_runtime_env
+from actors.engines import engine_runtime_env
 from actors.rollout import RolloutWorker
 from asyncrl.core.config import Config
 from asyncrl.core.messages import WorkerStats
