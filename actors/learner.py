@@ -19,10 +19,12 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from algorithms import AdvantageInputs, LossInputs, get_algorithm
+from algorithms.correction import mismatch_metrics
 from algorithms.base import KL_ESTIMATORS, LossOutput, ValueLossInputs, as_advantages, has_critic, kl_k3, masked_mean, token_level_rewards
 from asyncrl.core.batching import Batch, collate, sequence_stats, token_logprobs
 from asyncrl.core.config import Config
 from asyncrl.core.messages import SentWeights
+from asyncrl.core.shaping import shaped_reward
 from asyncrl.core import learner_group as lg
 from asyncrl.core.models.value import ValueModel
 from asyncrl.core.util import pin_to_cores
@@ -156,6 +158,8 @@ class Learner:
         self.weight_wait_s = 0.0
         a = self.cfg.algorithm
         batch = collate(samples, self.pad_id, self.device, a.mask_truncated)
+        max_new = self.cfg.rollout.max_new_tokens
+        batch.rewards = torch.tensor([shaped_reward(s, a, max_new) for s in samples], device=self.device)
         temp = self.cfg.rollout.temperature
         fused = self._proximal_from_update()
         with torch.no_grad():  # each worker computes its rows, then all hold the whole batch's
@@ -197,6 +201,9 @@ class Learner:
         if fused and ref is not None:
             metrics.update(self._kl_metrics(proximal, ref, mask)[0])
         metrics.update(sequence_stats(samples, version))
+        metrics.update(mismatch_metrics(proximal, batch.behavior_logprobs, mask, self._fresh_rows(samples, version), a))
+        if a.overlong_penalty > 0:  # reward/mean above is the task's; this is what the penalty took off it
+            metrics["reward/overlong_penalty_mean"] = metrics["reward/mean"] - batch.rewards.mean().item()
         metrics.update({
             "kl/behavior": masked_mean(kl_k3(batch.behavior_logprobs, proximal), mask).item(),
             "learner/entropy": masked_mean(entropy, mask).item(),
@@ -212,6 +219,12 @@ class Learner:
         if self.cfg.learner.delay_s:
             time.sleep(self.cfg.learner.delay_s)
         return metrics
+
+    def _fresh_rows(self, samples: list[dict], version: int) -> torch.Tensor:
+        """[B] bool: every token of the sample was sampled by the weights the learner holds now (version `version`,
+        and no unpublished update since: a step where learner.sync_every divides the steps done)."""
+        held = self.steps_done % self.cfg.learner.sync_every == 0
+        return torch.tensor([held and s["policy_version_start"] == version == s["policy_version_end"] for s in samples], device=self.device)
 
     def _proximal_from_update(self) -> bool:
         """True when the policy's log-probs before this step (pi_prox) can come from the update's own forward passes,

@@ -140,12 +140,15 @@ def masked_min(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 def aggregate(per_token: torch.Tensor, mask: torch.Tensor, mode: str) -> tuple[torch.Tensor, float]:
-    """(loss, units): token_mean averages all response tokens; seq_mean averages per-sequence token means."""
+    """(loss, units): token_mean averages all response tokens; seq_mean averages per-sequence token means over the
+    sequences with a token in `mask` (one masked out whole, e.g. truncated or rejected, is not a unit)."""
     if mode == "token_mean":
         tokens = mask.sum()
         return (per_token * mask).sum() / tokens.clamp(min=1.0), tokens.item()
-    per_seq = (per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)  # [B]
-    return per_seq.mean(), float(per_seq.numel())
+    counts = mask.sum(-1)  # [B]
+    per_seq = (per_token * mask).sum(-1) / counts.clamp(min=1.0)  # [B]
+    units = (counts > 0).sum()
+    return per_seq.sum() / units.clamp(min=1), float(units.item())
 
 
 def effective_sample_size(weights: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

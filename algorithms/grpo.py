@@ -1,11 +1,13 @@
 """GRPO: group-relative advantages and a clipped policy loss with off-policy correction.
 
-Correction modes (`algorithm.correction`):
-- ``decoupled`` (AReaL): clip pi_theta / pi_prox, and weight each token by the
-  behaviour importance weight pi_prox / pi_behav truncated at `is_cap`.
-- ``tis``: truncated importance sampling, the clipped loss on pi_theta / pi_prox
-  weighted by min(pi_theta / pi_behav, is_cap) without gradient through the weight.
-- ``none``: plain PPO clipping on pi_theta / pi_behav.
+Correction modes (`algorithm.correction`) say which ratio is clipped and which
+policy anchors the behaviour ratio rho = pi_anchor / pi_behav:
+- ``decoupled`` (AReaL): clip pi_theta / pi_prox; rho = pi_prox / pi_behav.
+- ``tis``: clip pi_theta / pi_prox; rho = pi_theta / pi_behav without gradient.
+- ``none``: plain PPO clipping on pi_theta / pi_behav (rho only feeds a preset's mask).
+`algorithm.rollout_correction` turns rho into each token's weight and keep mask
+(algorithms/correction.py: token/sequence TIS, masked IS, geometric rejection,
+icepop); dropped tokens leave the loss and its denominator.
 """
 from __future__ import annotations
 
@@ -25,38 +27,38 @@ from algorithms.base import (
     masked_mean,
     masked_min,
 )
+from algorithms.correction import Correction, correct
 
 
 def compute_advantages(inputs: AdvantageInputs, cfg: Any) -> torch.Tensor:
     return group_relative_advantages(inputs.rewards, inputs.group_index, std_normalize=cfg.std_normalize)  # [B]
 
 
-def behavior_weight(inputs: LossInputs, cfg: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    """(ratio that is clipped, truncated IS weight) per token, by correction mode."""
+def behavior_weight(inputs: LossInputs, cfg: Any) -> tuple[torch.Tensor, Correction]:
+    """(ratio that is clipped [B, T], the preset's weight and keep mask), by correction mode."""
+    mask = inputs.response_mask
     if cfg.correction == "none":
         ratio = torch.exp(inputs.logprobs - inputs.behavior_logprobs)
-        return ratio, torch.ones_like(ratio)
+        corr = correct(inputs.proximal_logprobs, inputs.behavior_logprobs, mask, cfg)
+        return ratio, Correction(mask.clone(), corr.keep)
     ratio = torch.exp(inputs.logprobs - inputs.proximal_logprobs)
     anchor = inputs.proximal_logprobs if cfg.correction == "decoupled" else inputs.logprobs.detach()
-    log_w = (anchor - inputs.behavior_logprobs) * inputs.response_mask  # [B, T]
-    if cfg.is_level == "sequence":  # one weight per sequence: the product of its token ratios
-        log_w = log_w.sum(-1, keepdim=True).expand_as(log_w)
-    return ratio, torch.exp(log_w).clamp(max=cfg.is_cap)
+    return ratio, correct(anchor, inputs.behavior_logprobs, mask, cfg)
 
 
 def policy_loss(inputs: LossInputs, cfg: Any) -> LossOutput:
-    mask = inputs.response_mask  # [B, T]
-    ratio, weight = behavior_weight(inputs, cfg)  # [B, T]
+    ratio, corr = behavior_weight(inputs, cfg)  # [B, T]
+    mask = inputs.response_mask * corr.keep  # tokens a preset drops leave the loss and its denominator
     clipped = ratio.clamp(1.0 - cfg.clip_low, 1.0 + cfg.clip_high)
     adv = inputs.advantages  # [B, T]
-    per_token = -torch.minimum(ratio * adv, clipped * adv) * weight + kl_loss_term(inputs, cfg)
+    per_token = -torch.minimum(ratio * adv, clipped * adv) * corr.weight + kl_loss_term(inputs, cfg)
     loss, units = aggregate(per_token, mask, cfg.loss_agg)
-    return LossOutput(loss=loss, metrics=_metrics(inputs, ratio, weight, cfg), weight=units)
+    return LossOutput(loss=loss, metrics=_metrics(inputs, ratio, corr, cfg), weight=units)
 
 
 @torch.no_grad()
-def _metrics(inputs: LossInputs, ratio: torch.Tensor, weight: torch.Tensor, cfg: Any) -> dict[str, float]:
-    mask = inputs.response_mask
+def _metrics(inputs: LossInputs, ratio: torch.Tensor, corr: Correction, cfg: Any) -> dict[str, float]:
+    mask, weight = inputs.response_mask, corr.weight
     behav_ratio = torch.exp(inputs.proximal_logprobs - inputs.behavior_logprobs)
     return {
         "is_ratio/mean": masked_mean(behav_ratio, mask).item(),
@@ -67,4 +69,5 @@ def _metrics(inputs: LossInputs, ratio: torch.Tensor, weight: torch.Tensor, cfg:
         "loss/clip_frac_low": masked_mean((ratio < 1.0 - cfg.clip_low).float(), mask).item(),
         "loss/clip_frac_high": masked_mean((ratio > 1.0 + cfg.clip_high).float(), mask).item(),
         "loss/is_weight_mean": masked_mean(weight, mask).item(),
+        "loss/kept_frac": masked_mean(corr.keep, mask).item(),
     }

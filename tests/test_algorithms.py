@@ -180,12 +180,12 @@ def test_sequence_level_is_weight_by_hand():
     lp = math.log(0.5)
     t = lambda *v: torch.tensor([list(v)])  # noqa: E731  [B=1, T=2]
     inputs = LossInputs(t(lp, lp), t(lp, lp), t(lp - math.log(1.5), lp - math.log(1.5)), t(1.0, 1.0), t(1.0, 1.0))
-    token = grpo.policy_loss(inputs, AlgorithmConfig(is_level="token"))
-    seq = grpo.policy_loss(inputs, AlgorithmConfig(is_level="sequence"))
+    token = grpo.policy_loss(inputs, AlgorithmConfig(rollout_correction="token_tis"))
+    seq = grpo.policy_loss(inputs, AlgorithmConfig(rollout_correction="seq_tis"))
     assert token.loss.item() == pytest.approx(-1.5, rel=1e-5)
     assert seq.loss.item() == pytest.approx(-2.25, rel=1e-5)
     # and the cap truncates the sequence weight: min(2.25, 2.0)
-    assert grpo.policy_loss(inputs, AlgorithmConfig(is_level="sequence", is_cap=2.0)).loss.item() == pytest.approx(-2.0, rel=1e-5)
+    assert grpo.policy_loss(inputs, AlgorithmConfig(rollout_correction="seq_tis", is_cap=2.0)).loss.item() == pytest.approx(-2.0, rel=1e-5)
 
 
 # ---- PPO with a critic ---------------------------------------------------------
@@ -264,7 +264,7 @@ def test_kl_penalty_in_reward_leaves_the_loss_alone():
 
 # ---- device- and dtype-generic math: the next `torch.zeros(n)` without device= fails here, not on a GPU ----
 
-BUILT_IN = sorted(p.stem for p in Path(algorithms.__file__).parent.glob("*.py") if p.stem not in ("__init__", "base"))
+BUILT_IN = sorted(p.stem for p in Path(algorithms.__file__).parent.glob("*.py") if p.stem not in ("__init__", "base", "correction"))
 FACTORIES = {torch.zeros, torch.ones, torch.empty, torch.full, torch.tensor, torch.as_tensor, torch.arange, torch.rand,
              torch.randn, torch.randint, torch.eye, torch.linspace}
 
@@ -297,11 +297,12 @@ def float64_batch() -> tuple[AdvantageInputs, torch.Tensor]:
 
 
 @pytest.mark.parametrize("name", BUILT_IN)
-@pytest.mark.parametrize("correction, level", [("decoupled", "token"), ("decoupled", "sequence"), ("tis", "token"), ("none", "token")])
+@pytest.mark.parametrize("correction, level", [("decoupled", "token_tis"), ("decoupled", "seq_tis"), ("tis", "token_tis"), ("none", "token_tis"),
+                                               ("decoupled", "geo_rs"), ("decoupled", "icepop"), ("none", "seq_mis")])
 def test_every_builtin_keeps_its_inputs_device_and_dtype(name, correction, level):
     assert name in registered_algorithms()
     algo = get_algorithm(name)
-    cfg = AlgorithmConfig(name=name, correction=correction, is_level=level, kl_coef=0.1)
+    cfg = AlgorithmConfig(name=name, correction=correction, rollout_correction=level, kl_coef=0.1)
     inputs, mask = float64_batch()
     g = torch.Generator().manual_seed(1)
     logprobs, proximal, behavior, ref, v = (torch.rand(mask.shape, generator=g, dtype=torch.float64) for _ in range(5))

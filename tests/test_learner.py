@@ -14,7 +14,7 @@ def fake_samples(n_groups=4, group_size=4):
             response = [4 + (g + i) % 10, 5, 2]
             samples.append({
                 "group_id": f"g{g}", "prompt_ids": [1, 4 + g, 14, 5, 15], "response_ids": response,
-                "behavior_logprobs": [-2.0, -2.5, -3.0], "reward": float(i % 2), "policy_version_start": 0,
+                "behavior_logprobs": [-2.0, -2.5, -3.0], "reward": float(i % 2), "policy_version_start": 0, "policy_version_end": 0,
                 "finish_reason": "stop",
             })
     return samples
@@ -102,6 +102,29 @@ def test_mask_truncated_takes_cut_responses_out_of_the_loss(random_model_dir):
         grads.append([p.grad.clone() for p in lrn.model.parameters()])
     for a, b in zip(*grads):
         torch.testing.assert_close(a, b, atol=1e-7, rtol=1e-5)
+
+
+def test_mismatch_metrics_count_only_samples_of_the_weights_the_learner_holds(random_model_dir):
+    lrn = learner(random_model_dir, "learner.sync_every=2")
+    samples = fake_samples()
+    for s in samples[:4]:
+        s["policy_version_end"] = 1  # spans two versions: not the learner's sampling alone
+    m = lrn.train_step(samples, version=0)
+    assert m["mismatch/samples"] == 12 and m["mismatch/k3"] > 0 and m["mismatch/ratio_max"] > 0
+    # the learner has taken a step it has not published (sync_every=2): no sample is its own now
+    assert lrn.train_step(fake_samples(), version=0)["mismatch/samples"] == 0
+
+
+def test_overlong_penalty_changes_the_advantages_not_the_recorded_reward(random_model_dir):
+    samples = fake_samples()  # 3-token responses, rewards alternating 0, 1 in every group
+    for s in samples[::2]:
+        s["response_ids"] = s["response_ids"][:1]  # the reward-0 ones are short: only the long ones are penalised
+        s["behavior_logprobs"] = s["behavior_logprobs"][:1]
+    lrn = learner(random_model_dir, "rollout.max_new_tokens=3", "algorithm.overlong_penalty=1.0", "algorithm.overlong_buffer=2")
+    m = lrn.train_step(samples, version=0)
+    # 3 tokens with max 3 and buffer 2: penalty -1 on half the samples; 1 - 1 = 0 ties the short ones' 0
+    assert m["reward/mean"] == 0.5 and m["reward/overlong_penalty_mean"] == pytest.approx(0.5)
+    assert m["learner/advantage_abs_mean"] == 0.0 and all(s["reward"] in (0.0, 1.0) for s in samples)
 
 
 @pytest.mark.parametrize("micro", [16, 3])

@@ -82,7 +82,7 @@ def test_engine_and_learner_agree_on_sampled_tokens_after_a_lora_sync(ray_local,
         assert "stop" in [s["finish_reason"] for s in before[:3]], "no reply to 'just the word yes' ended on EOS"
         assert before[3]["finish_reason"] == "length"  # a long story does not fit in 24 tokens
         assert gap(before) < LOGPROB_TOL
-        batch = [{**s, "group_id": "g0", "reward": r, "policy_version_start": 0} for s, r in zip(before[2:], (1.0, 0.0))]
+        batch = [{**s, "group_id": "g0", "reward": r, "policy_version_start": 0, "policy_version_end": 0} for s, r in zip(before[2:], (1.0, 0.0))]
         for step in range(2):
             ray.get(ctl.learner.train_step.remote(batch, step))
         assert gap(before) > 5 * LOGPROB_TOL  # the adapter moved the policy: the old behaviour log-probs are off now

@@ -14,6 +14,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from algorithms.correction import PRESETS as ROLLOUT_CORRECTIONS
 from asyncrl.core.tasks import TINY_HELD_OUT
 
 
@@ -183,8 +184,12 @@ class AlgorithmConfig(_Section):
     """PPO clip: ratio upper bound 1 + clip_high (raise for DAPO clip-higher)."""
     is_cap: float = Field(5.0, ge=1)
     """Truncation of the behaviour importance weight pi_prox/pi_behav (or pi/pi_behav for tis)."""
-    is_level: Literal["token", "sequence"] = "token"
-    """Importance weight per token, or per sequence (product of its token ratios), for decoupled and tis."""
+    rollout_correction: Literal[ROLLOUT_CORRECTIONS] = "token_tis"
+    """How the behaviour ratio rho = pi_anchor / pi_behav weighs or drops each token (README "Rollout correction"; algorithms/correction.py): token_tis (min(rho, is_cap) per token), seq_tis (min(prod rho, is_cap) per sequence), token_mis / seq_mis (weight rho, drop tokens / sequences whose ratio leaves [rc_low, rc_high]), geo_rs (drop sequences whose geometric-mean ratio leaves the band), icepop (weight 0 on tokens outside the band) or none."""
+    rc_low: float | None = Field(None, ge=0)
+    """Lower edge of the band of token_mis, seq_mis, geo_rs, icepop (unset: 0.5, 0.5, 0.999, 0.5)."""
+    rc_high: float | None = Field(None, gt=0)
+    """Upper edge of that band (unset: 2.0, 2.0, 1.001, 5.0)."""
     std_normalize: bool = True
     """Divide group-relative advantages by the group std (False: Dr. GRPO)."""
     kl_coef: float = Field(0.0, ge=0)
@@ -197,6 +202,12 @@ class AlgorithmConfig(_Section):
     """Run the reference policy's forward pass (the kl/ref metrics) every N learner steps when only monitoring needs it; 0: never. It runs every step regardless when kl_coef > 0 or kl_alert > 0."""
     kl_action: Literal["none", "reduce_lr", "rollback"] = "none"
     """On a KL alert: none (log only), reduce_lr (halve the learning rate) or rollback (restore the last weights under the threshold and skip the batch)."""
+    overlong_penalty: float = Field(0.0, ge=0)
+    """DAPO's soft over-long punishment: a response longer than rollout.max_new_tokens - overlong_buffer tokens loses up to this much reward, linearly, all of it at max_new_tokens (0: off). Applied to the reward the advantages and filter_zero_variance see; the recorded reward stays the task's."""
+    overlong_buffer: int = Field(0, ge=0)
+    """The length of that ramp, in tokens (DAPO: 4096 of 20480); must be < rollout.max_new_tokens when overlong_penalty > 0."""
+    filter_zero_variance: bool = False
+    """Dynamic sampling (DAPO): drop groups whose rewards are all equal (no learning signal for group-relative advantages) before they reach the learner; recorded with status `filtered`; the buffer admits more groups so batches stay full."""
     mask_truncated: bool = False
     """Responses cut at rollout.max_new_tokens carry no loss (DAPO's over-long filtering); they still count in their group's reward statistics. Without it a small policy can learn to ramble: see README, "A real model"."""
     loss_agg: Literal["token_mean", "seq_mean"] = "token_mean"
@@ -332,6 +343,10 @@ def cross_checks(cfg: Config) -> Config:
         "learner.batch_size",
         f"must be a multiple of rollout.group_size ({lr.batch_size} % {r.group_size} != 0)",
     )
+    _check(a.overlong_penalty == 0 or 0 < a.overlong_buffer < r.max_new_tokens, "algorithm.overlong_buffer",
+           f"must be in 1..{r.max_new_tokens - 1} (below rollout.max_new_tokens) when algorithm.overlong_penalty > 0")
+    low, high = a.rc_low if a.rc_low is not None else 0.0, a.rc_high if a.rc_high is not None else float("inf")
+    _check(low < high, "algorithm.rc_low", f"must be below algorithm.rc_high ({a.rc_low} >= {a.rc_high})")
     _check(b.capacity_groups >= cfg.groups_per_step, "buffer.capacity_groups", "must hold at least one batch")
     _check(lr.batch_size % lr.mini_batches == 0, "learner.mini_batches", "must divide learner.batch_size")
     _check(lr.lora.rank == 0 or bool(lr.lora.target_modules), "learner.lora.target_modules", "must name at least one module")
@@ -354,8 +369,25 @@ def cross_checks(cfg: Config) -> Config:
     return cfg
 
 
+RENAMED = {("algorithm", "is_level"): ("rollout_correction", {"token": "token_tis", "sequence": "seq_tis"})}
+"""Keys of earlier versions, read into the key that replaced them (a run directory written before still resumes)."""
+
+
+def _migrate(data: dict[str, Any]) -> dict[str, Any]:
+    for (section, old), (new, values) in RENAMED.items():
+        block = data.get(section)
+        if isinstance(block, dict) and old in block:
+            block = dict(block)
+            value = block.pop(old)
+            _check(new not in block, f"{section}.{old}", f"replaced by {section}.{new}; give only that")
+            _check(value in values, f"{section}.{old}", f"replaced by {section}.{new}; {value!r} is not one of {', '.join(values)}")
+            data = {**data, section: {**block, new: values[value]}}
+    return data
+
+
 def config_from_dict(data: dict[str, Any]) -> Config:
     """A validated Config from nested mappings (a YAML file's, or a run's config.yaml written by `Config.to_dict`)."""
+    data = _migrate(data)
     try:
         cfg = Config.model_validate(data)
     except ValidationError as exc:
