@@ -6,6 +6,10 @@ never returns a sample past `buffer.max_staleness` (those are dropped and
 counted). A group is judged whole, by its oldest `policy_version_start`:
 samples of one group can start at different versions (rollout.weight_update
 =abort resubmits only the unfinished ones) and GRPO needs the group intact.
+With `algorithm.filter_zero_variance` a group whose (shaped) rewards are all
+equal is recorded as `filtered` when it arrives and frees its admission, so
+another group is started in its place and batches stay full (DAPO's dynamic
+sampling); the staleness bound still judges every group that is trained on.
 Every sample ends here in exactly one status, written to the trajectory store.
 """
 from __future__ import annotations
@@ -17,12 +21,14 @@ from collections import deque
 from asyncrl.core.config import Config
 from asyncrl.core.messages import GroupId
 from asyncrl.core.schema import Status, new_sample
+from asyncrl.core.shaping import shaped_reward, zero_variance
 from asyncrl.core.staleness import admissible, is_stale
 from asyncrl.core.store import TrajectoryStore
 
 
 class ReplayBuffer:
     def __init__(self, cfg: Config, store_dir: str) -> None:
+        self.cfg = cfg
         self.max_staleness = cfg.buffer.max_staleness
         self.capacity = cfg.buffer.capacity_groups
         self.groups_per_version = cfg.groups_per_step * cfg.learner.sync_every
@@ -32,7 +38,7 @@ class ReplayBuffer:
         self.live = 0  # admitted and not dropped
         self.outstanding = 0  # admitted, not yet consumed or dropped
         self.counts = {"admitted_groups": 0, "refused_admissions": 0, "consumed": 0, "dropped_stale": 0, "dropped_error": 0, "aborted": 0,
-                       "lost": 0}
+                       "lost": 0, "filtered": 0}
         # per worker: groups admitted (= its next group number) and the group numbers it delivered, so the
         # groups a dead worker took with it can be named and recorded (forfeit)
         self.admitted_by: dict[int, int] = {}
@@ -57,6 +63,8 @@ class ReplayBuffer:
         if group[0]["status"] == Status.DROPPED_ERROR.value:
             self._drop(group, "dropped_error")
             self.store.append(group)
+            return
+        if self.cfg.algorithm.filter_zero_variance and self._filter(group):
             return
         async with self.changed:
             self.groups.append(group)
@@ -140,6 +148,17 @@ class ReplayBuffer:
             self.store.append(records)
             delivered.add(k)
         return admitted
+
+    def _filter(self, group: list[dict]) -> bool:
+        """Record the group as filtered if its rewards (as the learner would see them) are all equal."""
+        rewards = [shaped_reward(s, self.cfg.algorithm, self.cfg.rollout.max_new_tokens) for s in group]
+        if not zero_variance(rewards):
+            return False
+        for s in group:
+            s.update(status=Status.FILTERED.value, status_reason=f"all {len(group)} rewards equal {rewards[0]:g}")
+        self._drop(group, "filtered")
+        self.store.append(group)
+        return True
 
     def _drop(self, group: list[dict], counter: str) -> None:
         self.live -= 1

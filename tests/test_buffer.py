@@ -83,3 +83,40 @@ def test_group_ids_are_built_and_parsed_in_one_place():
     assert GroupId.parse("run-with-w2-g5-in-it-w1-g4") == GroupId("run-with-w2-g5-in-it", 1, 4)  # the last -w/-g parts
     assert group_of(gid.sample_id(7)) == str(gid)
     assert GroupId.parse("made-by-hand") is None and GroupId.parse("x-w1-gA") is None
+
+
+def test_zero_variance_groups_are_filtered_and_free_their_admission(tmp_path):
+    def equal(gid, reward):
+        return [{**s, "reward": reward} for s in group(gid, 0)]
+
+    async def scenario():
+        buf = make(tmp_path, "buffer.max_staleness=0", "algorithm.filter_zero_variance=true")
+        assert await buf.admit(10) == 2  # (0 + 0 + 1) * 2 groups
+        await buf.put(equal("a", 1.0))  # all right: filtered, its admission is free again
+        assert await buf.admit(10) == 1
+        await buf.put(group("b", 0))  # rewards 0, 1: kept
+        await buf.put(equal("c", 0.0))  # all wrong: filtered
+        assert (await buf.stats())["buffered_groups"] == 1 and await buf.admit(10) == 1
+        await buf.put(group("d", 0))
+        batch = await buf.get_batch(2, version=0, step=0, timeout_s=1.0)
+        assert [s["group_id"] for s in batch] == ["b", "b", "d", "d"]
+        return await buf.close()
+    counts = run(scenario())
+    assert counts["filtered"] == 4 and counts["consumed"] == 4
+    rows = read_trajectories(tmp_path / "traj").to_pylist()
+    assert len(rows) == len({r["sample_id"] for r in rows}) == 8
+    filtered = {r["group_id"] for r in rows if r["status"] == "filtered"}
+    assert filtered == {"a", "c"} and all(r["status_reason"].startswith("all 2 rewards equal") for r in rows if r["group_id"] in filtered)
+
+
+def test_filtering_sees_the_overlong_penalty(tmp_path):
+    async def scenario():
+        # max_new_tokens 8, buffer 4: a 1-token response is not penalised, an 8-token one loses 1.0
+        buf = make(tmp_path, "algorithm.filter_zero_variance=true", "algorithm.overlong_penalty=1.0", "algorithm.overlong_buffer=4")
+        await buf.admit(2)
+        long_right = [{**s, "reward": 1.0, "response_ids": [2] * (1 if i == 0 else 8)} for i, s in enumerate(group("a", 0))]
+        await buf.put(long_right)  # task rewards 1, 1 but shaped 1, 0: kept
+        await buf.put([{**s, "reward": float(i), "response_ids": [2] * (1 if i == 0 else 8)} for i, s in enumerate(group("b", 0))])
+        return await buf.stats()  # b: task rewards 0, 1 but shaped 0, 0: filtered
+    stats = run(scenario())
+    assert stats["filtered"] == 2 and stats["buffered_groups"] == 1

@@ -1,4 +1,4 @@
-"""Checkpoints: atomic and pruned; the learner continues exactly; a run killed with SIGKILL resumes."""
+"""Checkpoints: atomic and pruned; the learner continues exactly; a run killed with SIGKILL resumes (filtered groups counted once)."""
 import json
 import os
 import signal
@@ -70,7 +70,8 @@ def metric_steps(run_dir: Path) -> list[int]:
 def test_sigkill_mid_run_then_resume(tiny_model_dir, tmp_path):
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "asyncrl.run", "--config", "configs/smoke.yaml", f"run.output_dir={out}", f"model.path={tiny_model_dir}",
-           "run.steps=16", "run.checkpoint_every=3", "run.eval=false", "learner.delay_s=0.5", "buffer.store_flush_s=0.2"]
+           "run.steps=16", "run.checkpoint_every=3", "run.eval=false", "learner.delay_s=0.5", "buffer.store_flush_s=0.2",
+           "algorithm.filter_zero_variance=true"]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and not (out / "checkpoints" / "step-000006").is_dir():
@@ -101,6 +102,22 @@ def test_sigkill_mid_run_then_resume(tiny_model_dir, tmp_path):
     resumed_prompts = {r["prompt_id"] for r in records if r["run_id"] != records[0]["run_id"]}
     first_prompts = {r["prompt_id"] for r in records if r["run_id"] == records[0]["run_id"]}
     assert len(resumed_prompts - first_prompts) > 0.8 * len(resumed_prompts)  # the data stream went on, not from the start
+    # dynamic sampling: every group trained on or filtered exactly once across the kill and the resume
+    first_id = records[0]["run_id"]
+    first, second = [r for r in records if r["run_id"] == first_id], [r for r in records if r["run_id"] != first_id]
+    kept_before = [r for r in first if r["status"] == "consumed" and r["consumed_step"] < resumed_at]
+    trained = kept_before + [r for r in second if r["status"] == "consumed"]
+    assert len(trained) == 16 * 16 == summary["samples"]["consumed"]  # the steps redone after the kill trained new groups
+    assert len({r["group_id"] for r in trained}) == 16 * 4
+    n_filtered = lambda rs: sum(r["status"] == "filtered" for r in rs)  # noqa: E731
+    assert summary["samples"]["filtered"] == state["buffer_counts"]["filtered"] + n_filtered(second) > 0
+    assert n_filtered(first) >= state["buffer_counts"]["filtered"]
+    groups: dict[str, list[dict]] = {}
+    for r in records:
+        groups.setdefault(r["group_id"], []).append(r)
+    for members in groups.values():
+        if any(r["status"] == "filtered" for r in members):  # whole groups, all rewards equal
+            assert len(members) == 4 and {r["status"] for r in members} == {"filtered"} and len({r["reward"] for r in members}) == 1
 
 
 def rollout_worker_pids() -> list[int]:

@@ -6,7 +6,7 @@ import pytest
 from asyncrl.core.messages import WorkerStats
 from asyncrl.orchestration.step_metrics import engine_running, rollout_metrics, sample_totals, timing_metrics
 
-BUFFER = {"lost": 0, "buffered_groups": 2, "refused_admissions": 1, "dropped_stale": 4, "dropped_error": 0}
+BUFFER = {"lost": 0, "buffered_groups": 2, "refused_admissions": 1, "dropped_stale": 4, "dropped_error": 0, "filtered": 4, "consumed": 12}
 
 
 def worker(i, tokens, busy, idle, groups=3):

@@ -17,6 +17,8 @@ class Status(str, Enum):
     """Trained on at learner version `consumed_version`."""
     DROPPED_STALE = "dropped_stale"
     """Reached the learner past `buffer.max_staleness`."""
+    FILTERED = "filtered"
+    """Its group's rewards were all equal (algorithm.filter_zero_variance): no learning signal, never trained on."""
     DROPPED_ERROR = "dropped_error"
     """Could not be scored or generated; `status_reason` says why."""
     UNCONSUMED_AT_END = "unconsumed_at_end"

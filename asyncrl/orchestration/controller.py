@@ -281,7 +281,7 @@ class Controller:
             "next_step": next_step, "version": self.version, "run_id": self.run_id,
             "trained_total": self.trained_total, "learner_compute_total": self.learner_compute_total,
             "worker_cursors": self.rollout.prompt_cursors(stats),
-            "buffer_counts": {k: counts[k] for k in ("admitted_groups", "refused_admissions", "consumed", "dropped_stale", "dropped_error", "aborted")},
+            "buffer_counts": {k: counts[k] for k in ("admitted_groups", "refused_admissions", "consumed", "dropped_stale", "dropped_error", "aborted", "filtered")},
         }
         save = lambda d: ray.get(self.learner.save_checkpoint.remote(str(d)))  # noqa: E731  (the learner writes learner.pt)
         return write_checkpoint(self.run_dir, next_step, state, save, self.cfg.run.keep_checkpoints)

@@ -30,6 +30,8 @@ def rollout_metrics(stats: list[WorkerStats], buffer: dict, seen: dict[int, dict
         "rollout/inflight_groups": sum(s.inflight_groups for s in stats),
         "buffer/buffered_groups": buffer["buffered_groups"], "buffer/refused_admissions": buffer["refused_admissions"],
         "buffer/dropped_stale": buffer["dropped_stale"], "buffer/dropped_error": buffer["dropped_error"],
+        "buffer/filtered": buffer["filtered"],
+        "samples/filtered_frac": buffer["filtered"] / max(buffer["filtered"] + buffer["consumed"], 1),
     }
     return metrics, {**seen, **now_seen}
 
