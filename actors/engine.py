@@ -11,6 +11,7 @@ same methods (actors/sglang_engine.py), and actors/engines.py picks one (rollout
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from dataclasses import dataclass
@@ -59,6 +60,7 @@ class VLLMEngine:
         )
         self.engine = self.llm.llm_engine
         self.tokenizer = self.llm.get_tokenizer()
+        self.latest: dict[str, object] = {}  # request id -> its newest output while it runs (vLLM's cumulative kind)
 
     def sampling_params(self, temperature: float, top_p: float, max_tokens: int):
         """Per-request sampling, no per-request seed (a shared seed would give every request one stream)."""
@@ -90,21 +92,37 @@ class VLLMEngine:
         return self.engine.get_num_unfinished_requests()
 
     def step(self) -> list[Finished]:
-        return [_finished(out) for out in self.engine.step() if out.finished]
+        done = []
+        for out in self.engine.step():
+            if out.finished:
+                self.latest.pop(out.request_id, None)
+                done.append(_finished(out))
+            else:
+                self.latest[out.request_id] = out
+        return done
+
+    def generated(self, request_id: str) -> int:
+        """Tokens the running request has sampled so far (0 before its first step)."""
+        out = self.latest.get(request_id)
+        return len(out.outputs[0].token_ids) if out is not None else 0
 
     def sample(self, prompts: list[list[int]], params) -> list[Finished]:
         """One sampled response per prompt with `params`, outside the step loop (inspection and tests)."""
         outs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
         return [_finished(o) for o in outs]
 
-    def abort(self, request_ids: list[str]) -> None:
-        """Drop these requests now, without stepping: the others keep running.
+    def abort(self, request_ids: list[str]) -> list[Finished]:
+        """Drop these requests now, without stepping: the others keep running. Returns what each had sampled
+        (finish_reason "abort"; no tokens if it had not run a step), which rollout.weight_update=resume keeps.
 
         The in-process engine core handles the abort synchronously: on return the
         requests are gone (not unfinished, no output) and their ids may be added again.
         """
         if request_ids:
             self.engine.abort_request(request_ids)
+        partial = [self.latest.pop(rid, None) for rid in request_ids]
+        return [dataclasses.replace(_finished(out), finish_reason="abort") if out is not None else Finished(rid, [], [], "abort")
+                for rid, out in zip(request_ids, partial)]
 
     def init_weight_sync(self, host: str, port: int, rank: int, world: int, transport: list, meta: list, bucket_bytes: int):
         return self.llm.collective_rpc("asyncrl_init_weight_sync", args=(host, port, rank, world, list(transport), meta, bucket_bytes))

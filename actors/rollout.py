@@ -17,10 +17,19 @@ what becomes of the requests still generating then:
 - drain: the loop admits nothing new and steps until they have finished on
   the old weights, then loads (`drain_s` counts the wait; the learner's
   broadcast waits with it).
+- resume (AReaL's partial rollouts): they are aborted, the tokens they had
+  sampled are kept with their log-probs, and after the load each is
+  resubmitted as prompt + those tokens with the remaining token budget, so the
+  new version writes only what follows and nothing is generated twice
+  (`resumed_tokens` counts the tokens kept). It needs only abort and add from
+  an engine (an HTTP server would do), where keep needs in-place re-prefill.
 
-A sample's start version is its own request's, so within a group it can differ
-(abort resubmits only the unfinished ones); the buffer judges a group by its
-oldest.
+Every sample records the version that sampled each of its tokens
+(`token_versions`; keep and resume can give two or more), and its
+`policy_version_start` is its oldest token's (the request's start version when
+it has no tokens), so staleness is judged by the oldest token. Within a group
+start versions can differ (abort and resume resubmit only the unfinished
+ones); the buffer judges a group by its oldest.
 
 Faults are counted drops, not crashes; every sample still ends in one status:
 
@@ -66,6 +75,8 @@ class _Group:
     t_submitted: float
     starts: dict[str, int] = field(default_factory=dict)  # sample_id -> version its current request started at
     done: dict[str, tuple[Finished, int, float]] = field(default_factory=dict)  # sample_id -> (out, version, t)
+    prefix: dict[str, Finished] = field(default_factory=dict)  # sample_id -> tokens kept from aborted requests (resume)
+    versions: dict[str, list[int]] = field(default_factory=dict)  # sample_id -> version of each token sampled before the last update
 
     @property
     def group_id(self) -> str:
@@ -167,8 +178,8 @@ class RolloutWorker:
         if self.admission is not None:  # groups admitted as the loop stopped: started and recorded as aborted with the rest
             self._start_groups(ray.get(self.admission))
             self.admission = None
+        self._keep_partial(self.engine.abort(list(self._request_ids())))  # recorded with the aborted samples
         records = [s for g in self.inflight.values() for s in self._abort_records(g)]
-        self.engine.abort(list(self._request_ids()))
         self.inflight.clear()
         ray.get(self.pending_puts + [self.buffer.record_final.remote(records)])
         self.pending_puts = []
@@ -289,12 +300,23 @@ class RolloutWorker:
         started = time.monotonic()
         if mode == "drain":
             self._drain()
-        aborted = self._abort_unfinished() if mode == "abort" else []
+        running = list(self._request_ids())
+        if mode == "keep":  # they go on; what they sampled so far is the old version's
+            for sample_id in running:
+                self._note_versions(sample_id, self.engine.generated(sample_id))
+        elif mode == "abort":
+            self.engine.abort(running)
+            for sample_id in running:
+                self.inflight[group_of(sample_id)].versions.pop(sample_id, None)
+        elif mode == "resume":
+            partial = self.engine.abort(running)
+            self._keep_partial(partial)
+            self.counters.resumed_tokens += sum(len(out.token_ids) for out in partial)
         t0 = time.monotonic()
         nbytes = self.engine.receive_weights(payload)
         self.version = version
         self.counters.weight_updates += 1
-        self._resubmit(aborted)
+        self._resubmit(running if mode in ("abort", "resume") else [])
         self.counters.update_s += time.monotonic() - started
         return LoadReport(version=version, seconds=time.monotonic() - t0, bytes=nbytes)
 
@@ -307,14 +329,24 @@ class RolloutWorker:
             self._step()
             self.counters.drain_s += time.monotonic() - t0
 
-    def _abort_unfinished(self) -> list[str]:
-        """Abort every request still generating (the others are untouched); returns their sample ids."""
-        sample_ids = list(self._request_ids())
-        self.engine.abort(sample_ids)
-        return sample_ids
+    def _note_versions(self, sample_id: str, generated: int) -> None:
+        """The sample's tokens up to `generated` in its current request (after its kept prefix) were sampled by
+        the current version."""
+        group = self.inflight[group_of(sample_id)]
+        versions = group.versions.setdefault(sample_id, [])
+        kept = len(group.prefix[sample_id].token_ids) if sample_id in group.prefix else 0
+        versions.extend([self.version] * (kept + generated - len(versions)))
+
+    def _keep_partial(self, partial: list[Finished]) -> None:
+        """Append what aborted requests had sampled to their samples' kept prefix (resume; at stop, for the record)."""
+        for out in partial:
+            group = self.inflight[group_of(out.request_id)]
+            self._note_versions(out.request_id, len(out.token_ids))
+            group.prefix[out.request_id] = _joined(group.prefix.get(out.request_id), out)
 
     def _resubmit(self, sample_ids: list[str]) -> None:
-        """Restart aborted samples from their prompt: the new request starts, and is recorded, at the current version."""
+        """Start aborted samples again under the current version: from their prompt (abort), or from prompt + the
+        tokens they kept (resume)."""
         for sample_id in sample_ids:
             self._submit(self.inflight[group_of(sample_id)], sample_id)
         self.counters.resubmitted += len(sample_ids)
@@ -338,16 +370,29 @@ class RolloutWorker:
                 self._submit(group, group.gid.sample_id(i))
 
     def _submit(self, group: _Group, sample_id: str) -> None:
-        group.starts[sample_id] = self.version
-        self.engine.add(sample_id, group.prompt_ids, self.params)
+        """Add the sample's request: its prompt, then whatever it kept from earlier requests (resume), with the
+        token budget that is left."""
+        kept = group.prefix.get(sample_id)
+        if kept is None or not kept.token_ids:
+            group.starts[sample_id] = self.version
+            self.engine.add(sample_id, group.prompt_ids, self.params)
+            return
+        r = self.cfg.rollout
+        left = r.max_new_tokens - len(kept.token_ids)
+        if left <= 0:  # it had used its whole budget when it was stopped: it is finished
+            self._collect([Finished(sample_id, [], [], "length")])
+            return
+        self.engine.add(sample_id, group.prompt_ids + kept.token_ids, self.engine.sampling_params(r.temperature, r.top_p, left))
 
     def _collect(self, finished: list[Finished]) -> None:
         now = time.time()
         for out in finished:
             group_id = group_of(out.request_id)
             group = self.inflight[group_id]
-            group.done[out.request_id] = (out, self.version, now)
             self.counters.tokens += len(out.token_ids)
+            self._note_versions(out.request_id, len(out.token_ids))
+            out = _joined(group.prefix.pop(out.request_id, None), out)
+            group.done[out.request_id] = (out, self.version, now)
             if len(group.done) == self.cfg.rollout.group_size:
                 del self.inflight[group_id]
                 self.counters.groups_done += 1
@@ -404,11 +449,13 @@ class RolloutWorker:
         return records
 
     def _record(self, group: _Group, sample_id: str, ids: list[int], lps: list[float], version_end, t_gen, reason) -> dict:
+        versions = group.versions.get(sample_id, [])[: len(ids)]
+        start = versions[0] if versions else group.starts[sample_id]  # the oldest token's version
         return new_sample(
             run_id=self.run_id, sample_id=sample_id, group_id=group.group_id, prompt_id=group.prompt.prompt_id,
             worker_id=self.id, prompt_text=group.prompt.text, prompt_ids=group.prompt_ids, response_ids=ids,
             response_text=self._decode(ids), behavior_logprobs=lps, finish_reason=reason,
-            policy_version_start=group.starts[sample_id], policy_version_end=version_end,
+            policy_version_start=start, policy_version_end=version_end, token_versions=versions,
             t_submitted=group.t_submitted, t_generated=t_gen,
         )
 
@@ -416,7 +463,7 @@ class RolloutWorker:
         records = []
         for i in range(self.cfg.rollout.group_size):
             sample_id = group.gid.sample_id(i)
-            out, version_end, t_gen = group.done.get(sample_id, (Finished(sample_id, [], [], "abort"), self.version, None))
+            out, version_end, t_gen = group.done.get(sample_id, (group.prefix.get(sample_id) or Finished(sample_id, [], [], "abort"), self.version, None))
             record = self._record(group, sample_id, out.token_ids, out.logprobs, version_end, t_gen, out.finish_reason)
             record.update(status=Status.ABORTED_AT_END.value, status_reason="run stopped while its group was generating")
             records.append(record)
@@ -443,6 +490,13 @@ class RolloutWorker:
 
     def _decode(self, ids: list[int]) -> str:
         return self.engine.tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def _joined(kept: Finished | None, out: Finished) -> Finished:
+    """The tokens and log-probs a sample kept from aborted requests, then `out`'s (with out's finish reason)."""
+    if kept is None:
+        return out
+    return Finished(out.request_id, kept.token_ids + out.token_ids, kept.logprobs + out.logprobs, out.finish_reason)
 
 
 class BadPrompt(ValueError):

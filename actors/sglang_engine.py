@@ -4,11 +4,13 @@ SGLang's offline `Engine` runs its scheduler and detokenizer in subprocesses and
 tokenizer manager in this process. One thread owns that manager's event loop; every call below is a coroutine
 handed to it (`_run`), so the rollout worker keeps its synchronous step loop:
 
-- `add` submits `async_generate(input_ids, rid=sample id, return_logprob=True)` and returns at once; `step` waits
-  a few milliseconds for requests to finish and returns those (SGLang schedules continuously by itself, so a
-  "step" is a poll, not one forward pass).
+- `add` submits `async_generate(input_ids, rid=sample id, return_logprob=True, stream=True)` and returns at
+  once; a coroutine keeps each request's newest chunk (SGLang streams cumulative output ids and log-probs, one
+  chunk per token: measured), so `generated` and a partial output after `abort` are exact. `step` waits a few
+  milliseconds for requests to finish and returns those (SGLang schedules continuously by itself, so a "step"
+  is a poll, not one forward pass).
 - `abort` asks the tokenizer manager to abort each request and waits until its answer is in: on return the
-  requests are gone and their ids may be added again, as with vLLM.
+  requests are gone and their ids may be added again, as with vLLM; it returns what each had sampled.
 - `receive_weights` pauses generation in `retract` mode (running requests go back to the waiting queue and give
   up their KV), opens a weight-update session, receives and loads every bucket, flushes the prefix cache with the
   last one, closes the session and continues: a request still running resumes under the new weights with its KV
@@ -118,6 +120,7 @@ class SGLangEngine:
         self.thread = threading.Thread(target=self.loop.run_forever, name="sglang-loop", daemon=True)
         self.thread.start()
         self.running: dict[str, concurrent.futures.Future] = {}
+        self.latest: dict[str, dict] = {}  # request id -> its newest streamed chunk (cumulative)
         self.group_name: str | None = None
         self.receiver = None
 
@@ -141,7 +144,19 @@ class SGLangEngine:
     def add(self, request_id: str, prompt_ids: list[int], params) -> None:
         if request_id in self.running:
             raise ValueError(f"request {request_id!r} is already running")
-        self.running[request_id] = asyncio.run_coroutine_threadsafe(self._generate(prompt_ids, params, request_id), self.loop)
+        self.running[request_id] = asyncio.run_coroutine_threadsafe(self._stream(prompt_ids, params, request_id), self.loop)
+
+    async def _stream(self, prompt_ids: list[int], params: dict, rid: str) -> dict:
+        """Generate, keeping the newest chunk in `latest`; returns the last one."""
+        chunk = None
+        async for chunk in await self._generate(prompt_ids, params, rid, stream=True):
+            self.latest[rid] = chunk
+        return chunk
+
+    def generated(self, request_id: str) -> int:
+        """Tokens the running request has sampled so far (as streamed)."""
+        chunk = self.latest.get(request_id)
+        return len(_finished(request_id, chunk).token_ids) if chunk is not None else 0
 
     def has_unfinished(self) -> bool:
         return bool(self.running)
@@ -155,6 +170,8 @@ class SGLangEngine:
             return []
         concurrent.futures.wait(list(self.running.values()), timeout=POLL_S, return_when=concurrent.futures.FIRST_COMPLETED)
         done = [rid for rid, f in self.running.items() if f.done()]
+        for rid in done:
+            self.latest.pop(rid, None)
         return [_finished(rid, self.running.pop(rid).result()) for rid in done]
 
     def sample(self, prompts: list[list[int]], params) -> list[Finished]:
@@ -166,8 +183,9 @@ class SGLangEngine:
 
         return [_finished(rid, out) for rid, out in zip(rids, self._run(all_of()))]
 
-    def abort(self, request_ids: list[str]) -> None:
-        """Abort these requests and wait until SGLang has answered for each: on return none of them runs."""
+    def abort(self, request_ids: list[str]) -> list[Finished]:
+        """Abort these requests and wait until SGLang has answered for each: on return none of them runs. Returns what
+        each had sampled (finish_reason "abort"), as streamed before it ended."""
         pending = {rid: self.running.pop(rid) for rid in request_ids if rid in self.running}
 
         async def abort(rids):
@@ -183,6 +201,8 @@ class SGLangEngine:
                 pending.pop(rid).exception()  # an aborted request may end in an error; it is dropped either way
             if time.monotonic() > deadline:
                 raise RuntimeError(f"SGLang did not abort requests {sorted(pending)[:4]} within 60 s")
+        partial = [self.latest.pop(rid, None) for rid in request_ids]
+        return [Finished(rid, *_tokens(chunk), "abort") for rid, chunk in zip(request_ids, partial)]
 
     def greedy(self, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
         return [f.token_ids for f in self.sample(prompts, {"temperature": 0.0, "max_new_tokens": max_tokens})]
@@ -283,10 +303,17 @@ class SGLangEngine:
         self.loop.call_soon_threadsafe(self.loop.stop)
 
 
+def _tokens(out: dict | None) -> tuple[list[int], list[float]]:
+    """A chunk's sampled tokens and their log-probs (as many of each: a chunk never has one without the other)."""
+    if out is None:
+        return [], []
+    lps = [lp for lp, _, _ in out["meta_info"].get("output_token_logprobs") or []]
+    n = min(len(out["output_ids"]), len(lps))
+    return list(out["output_ids"][:n]), lps[:n]
+
+
 def _finished(rid: str, out: dict) -> Finished:
     """A finished SGLang request: its sampled tokens (the EOS included when it stopped on it), their log-probs and
     why it ended, as vLLM names it: "stop" (EOS or a stop token), "length" (max_new_tokens) or "abort"."""
-    meta = out["meta_info"]
-    lps = [lp for lp, _, _ in meta.get("output_token_logprobs") or []]
-    reason = (meta.get("finish_reason") or {}).get("type", "abort")
-    return Finished(rid, list(out["output_ids"]), lps, str(reason))
+    reason = (out["meta_info"].get("finish_reason") or {}).get("type", "abort")
+    return Finished(rid, *_tokens(out), str(reason))

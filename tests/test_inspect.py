@@ -41,7 +41,7 @@ from asyncrl.core.store import read_trajectories
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "tests/fixtures/run_v1"
-ALL_STATUSES = ["consumed", "dropped_stale", "dropped_error", "unconsumed_at_end", "aborted_at_end"]
+ALL_STATUSES = ["consumed", "dropped_stale", "filtered", "dropped_error", "unconsumed_at_end", "aborted_at_end"]
 
 
 def table(*rows: dict) -> pa.Table:
@@ -73,7 +73,7 @@ def test_response_length_distribution_and_finish_reasons():
 
 def test_status_counts_lists_every_status_and_effective_rate():
     t = table(sample(), sample(), sample("dropped_stale"), sample("aborted_at_end", reward=None))
-    assert status_counts(t) == {"consumed": 2, "dropped_stale": 1, "dropped_error": 0, "unconsumed_at_end": 0, "aborted_at_end": 1}
+    assert status_counts(t) == {"consumed": 2, "dropped_stale": 1, "filtered": 0, "dropped_error": 0, "unconsumed_at_end": 0, "aborted_at_end": 1}
     assert effective_sample_rate(t) == 0.5
     empty = SAMPLE_SCHEMA.empty_table()
     assert status_counts(empty) == dict.fromkeys(ALL_STATUSES, 0)
@@ -165,7 +165,7 @@ def test_select_and_export(tmp_path):
 def test_schema_v1_fixture_still_reads():
     t = read_trajectories(FIXTURE / "trajectories")
     assert t.num_rows == 22
-    assert set(t.column("schema_version").to_pylist()) == {1}
+    assert set(t.column("schema_version").to_pylist()) == {1} and t.column("token_versions").null_count == t.num_rows  # read with the v2 column, null
     assert set(SAMPLE_SCHEMA.names) <= set(t.schema.names)
     rows = {r["sample_id"]: r for r in t.to_pylist()}
     first = rows["run_v1-abc123-w0-g0-0"]
@@ -177,7 +177,7 @@ def test_schema_v1_fixture_report_numbers():
     rep = report(load_run(FIXTURE))
     assert rep["finished"] and rep["steps_logged"] == 4
     assert rep["policy_versions"] == {"last_published": 4, "sampled_min": 0, "sampled_max": 4}
-    assert rep["samples"]["by_status"] == {"consumed": 16, "dropped_stale": 2, "dropped_error": 0, "unconsumed_at_end": 2, "aborted_at_end": 2}
+    assert rep["samples"]["by_status"] == {"consumed": 16, "dropped_stale": 2, "filtered": 0, "dropped_error": 0, "unconsumed_at_end": 2, "aborted_at_end": 2}
     assert rep["samples"]["total"] == 22 and rep["samples"]["effective_rate"] == pytest.approx(16 / 22)
     # worker 0: submitted first at 0, last generation at 10; worker 1: 1 to 9.0 (scored) -> 18 s for 16 consumed
     assert rep["rollout_cost"]["worker_seconds"] == pytest.approx(18.0)

@@ -3,8 +3,9 @@
 End-to-end, on the smoke config with the untrained tiny model: its responses
 have random lengths up to 48 tokens and one group at a time is in flight, so
 generation is the bottleneck and the worker is mid-group at nearly every
-update. `keep` shows that setting does make samples span versions; `abort`
-and `drain` must then leave none that do. With one worker (its own actor, so
+update. `keep` and `resume` show that setting does make samples span
+versions (each token's version is recorded); `abort` and `drain` must then
+leave none that do. With one worker (its own actor, so
 that an SGLang engine gets the environment a run gives it), a real engine and
 the weight transfer stubbed out, the abort and drain steps are checked one
 engine step at a time. Each of these runs once per engine (rollout.engine).
@@ -35,7 +36,7 @@ LONG_REQUESTS = ("rollout.max_new_tokens=48", "rollout.max_inflight_groups=1")
 ENGINES = ("vllm", "sglang")
 
 
-@pytest.fixture(scope="module", params=[(e, m) for e in ENGINES for m in ("keep", "abort", "drain")], ids=lambda p: "-".join(p))
+@pytest.fixture(scope="module", params=[(e, m) for e in ENGINES for m in ("keep", "abort", "drain", "resume")], ids=lambda p: "-".join(p))
 def run_in_mode(request, random_model_dir, tmp_path_factory) -> tuple[str, list[dict], dict]:
     engine, mode = request.param
     out = tmp_path_factory.mktemp(f"weight_update_{engine}_{mode}")
@@ -63,25 +64,30 @@ def test_every_sample_recorded_once_and_staleness_bounded(run_in_mode):
         assert len(r["behavior_logprobs"]) == len(r["response_ids"]) > 0
     for r in generated(rows):
         assert r["policy_version_start"] <= r["policy_version_end"]
+        versions = r["token_versions"]  # one per token, never decreasing, the first is the start (the oldest token)
+        assert len(versions) == len(r["response_ids"]) and versions == sorted(versions)
+        assert versions[0] == r["policy_version_start"] and versions[-1] <= r["policy_version_end"]
     versions = sorted({r["consumed_version"] for r in consumed})
     assert versions == list(range(STEPS)), "every learner step trained on a batch, at its own version"
 
 
 @slow
-def test_only_keep_lets_a_sample_span_two_versions(run_in_mode):
+def test_only_keep_and_resume_let_a_sample_span_two_versions(run_in_mode):
     mode, rows, _ = run_in_mode
     spanning = [r["sample_id"] for r in generated(rows) if r["policy_version_start"] != r["policy_version_end"]]
-    if mode == "keep":
-        assert spanning, "no request was running at an update: the abort/drain checks below would prove nothing"
+    mixed = [r["sample_id"] for r in generated(rows) if len(set(r["token_versions"])) > 1]
+    if mode in ("keep", "resume"):
+        assert spanning and mixed, "no request was running at an update: the abort/drain checks below would prove nothing"
     else:
-        assert spanning == []
+        assert spanning == [] and mixed == []
 
 
 @slow
 def test_counters_say_what_happened_at_the_updates(run_in_mode):
     mode, _, worker = run_in_mode
     assert worker["weight_updates"] == STEPS
-    assert (worker["resubmitted"] > 0) == (mode == "abort"), worker
+    assert (worker["resubmitted"] > 0) == (mode in ("abort", "resume")), worker
+    assert (worker["resumed_tokens"] > 0) == (mode == "resume"), worker
     assert (worker["drain_s"] > 0) == (mode == "drain"), worker
 
 
@@ -108,6 +114,28 @@ class SteppedWorker(RolloutWorker):
 
     def running(self) -> list[str]:
         return sorted(self._request_ids())
+
+    def spy(self) -> None:
+        """Keep every output the engine hands back (finished ones, and the partial ones an abort returns)."""
+        self.seen: dict[str, list] = {}
+        for name in ("step", "abort"):
+            original = getattr(self.engine, name)
+
+            def recorded(*args, original=original):
+                outs = original(*args)
+                for out in outs or []:
+                    self.seen.setdefault(out.request_id, []).append((out.token_ids, out.logprobs, out.finish_reason))
+                return outs
+            setattr(self.engine, name, recorded)
+
+    def finish(self) -> dict[str, list]:
+        """Step until every running request has finished; returns what the engine handed back for each sample."""
+        while list(self._request_ids()):
+            self._step()
+        return self.seen
+
+    def tokens_generated(self) -> int:
+        return self.counters.tokens
 
     def state(self) -> dict:
         return {"resubmitted": self.counters.resubmitted, "drain_s": self.counters.drain_s, "version": self.version,
@@ -143,8 +171,10 @@ def test_abort_restarts_only_the_running_samples_at_the_new_version(random_model
 
     rows = stop_and_read(worker, buffer, tmp_path / "traj")
     for sample_id, r in rows.items():
-        if sample_id in running:  # restarted from the prompt at v1, stopped before finishing
-            assert (r["status"], r["policy_version_start"], r["response_ids"]) == ("aborted_at_end", 1, [])
+        if sample_id in running:  # restarted from the prompt at v1, stopped before finishing (SGLang's scheduler
+            # runs by itself: it may have sampled a few tokens by then, all of them v1's)
+            assert (r["status"], r["policy_version_start"]) == ("aborted_at_end", 1) and set(r["token_versions"]) <= {1}
+            assert len(r["response_ids"]) == len(r["token_versions"]) == len(r["behavior_logprobs"])
         else:  # finished at v0 before the update, start kept
             assert (r["policy_version_start"], r["policy_version_end"]) == (0, 0) and r["response_ids"]
 
@@ -161,6 +191,38 @@ def test_drain_finishes_the_running_samples_on_the_old_weights_first(random_mode
 
     rows = stop_and_read(worker, buffer, tmp_path / "traj")
     assert {(r["status"], r["policy_version_start"], r["policy_version_end"]) for r in rows.values()} == {("unconsumed_at_end", 0, 0)}
+
+
+@slow
+@pytest.mark.parametrize("engine", ENGINES)
+def test_resume_keeps_the_sampled_tokens_and_writes_only_what_follows(random_model_dir, ray_session, tmp_path, engine):
+    worker, buffer, running = make_worker(engine, "resume", random_model_dir, tmp_path / "traj")
+    assert 0 < len(running) < 8
+    ray.get(worker.spy.remote())
+    ray.get(worker.update_weights.remote(1))
+    assert ray.get(worker.state.remote())["resubmitted"] == len(running)
+    assert ray.get(worker.running.remote()) == sorted(running)
+    seen = ray.get(worker.finish.remote())
+    finished_tokens = ray.get(worker.tokens_generated.remote())
+
+    rows = stop_and_read(worker, buffer, tmp_path / "traj")
+    two_versions = 0
+    for sample_id in running:
+        r = rows[sample_id]
+        (kept_ids, kept_lps, why), (new_ids, new_lps, reason) = seen[sample_id]  # the abort's partial, then the finish
+        assert why == "abort" and reason in ("stop", "length")
+        assert r["response_ids"] == kept_ids + new_ids and r["finish_reason"] == reason
+        assert r["behavior_logprobs"] == pytest.approx(kept_lps + new_lps, abs=1e-6)  # each part's, as the engine gave it
+        assert r["token_versions"] == [0] * len(kept_ids) + [1] * len(new_ids)
+        assert r["policy_version_start"] == (0 if kept_ids else 1) and r["policy_version_end"] == 1
+        assert len(r["response_ids"]) <= 48  # the continuation got only the budget that was left
+        two_versions += bool(kept_ids and new_ids)
+    assert two_versions > 0, "no sample was mid-way at the update"
+    for sample_id in set(rows) - set(running):  # finished before the update
+        assert set(rows[sample_id]["token_versions"]) == {0}
+    # no token generated twice: the engine's finished outputs plus the kept prefixes are exactly the records' tokens
+    kept = sum(len(seen[s][0][0]) for s in running)
+    assert finished_tokens + kept == sum(len(r["response_ids"]) for r in rows.values())
 
 
 # ---- the buffer ------------------------------------------------------------------------------

@@ -78,15 +78,18 @@ def token_logprobs(model, batch: Batch, temperature: float, with_entropy: bool =
 
 
 def sequence_stats(samples: list[dict], version: int) -> dict[str, float]:
-    """Reward, staleness and length statistics of one batch of records."""
+    """Reward, staleness and length statistics of one batch of records. `staleness/*` is each sample's oldest
+    token's; `staleness/token_mean` averages over tokens (keep and resume mix versions within a sample)."""
     rewards = torch.tensor([float(s["reward"]) for s in samples])
     stale = torch.tensor([float(version - s["policy_version_start"]) for s in samples])
+    token_stale = [float(version - v) for s in samples for v in _token_versions(s)]
     lengths = torch.tensor([float(len(s["response_ids"])) for s in samples])
     return {
         "reward/mean": rewards.mean().item(),
         "reward/std": rewards.std().item() if len(samples) > 1 else 0.0,
         "staleness/mean": stale.mean().item(),
         "staleness/max": stale.max().item(),
+        "staleness/token_mean": sum(token_stale) / max(len(token_stale), 1),
         **response_length_stats(lengths, [s["finish_reason"] for s in samples]),
         "samples/trained": float(len(samples)),
     }
@@ -103,3 +106,9 @@ def response_length_stats(lengths: torch.Tensor, finish_reasons: list[str | None
         "samples/response_len_max": lengths.max().item(),
         "samples/truncated_frac": sum(r == "length" for r in finish_reasons) / len(finish_reasons),
     }
+
+
+def _token_versions(record: dict) -> list[int]:
+    """The version of each response token (a record written before schema 2 has none: its start version for all)."""
+    versions = record.get("token_versions")
+    return list(versions) if versions else [record["policy_version_start"]] * len(record["response_ids"])

@@ -96,8 +96,8 @@ class RolloutConfig(_Section):
     """Cores to pin each rollout actor to (empty: no pinning)."""
     resources: dict[str, float] = Field(default_factory=dict)
     """Custom Ray resources each rollout actor needs (e.g. {rollout_node: 1}, a label given to `ray start --resources`)."""
-    weight_update: Literal["keep", "abort", "drain"] = "keep"
-    """Requests running when new weights arrive: keep (pause, load, resume them: later tokens come from the new version; their KV is recomputed), abort (abort them and resubmit from the prompt: every token of the sample comes from the new version) or drain (stop admitting, let them finish, then load)."""
+    weight_update: Literal["keep", "abort", "drain", "resume"] = "keep"
+    """Requests running when new weights arrive: keep (pause, load, resume them: later tokens come from the new version; their KV is recomputed), abort (abort them and resubmit from the prompt: every token of the sample comes from the new version), drain (stop admitting, let them finish, then load) or resume (AReaL's partial rollouts: abort them, keep the tokens sampled so far, resubmit prompt + those tokens: the new version writes only what follows). Every sample records each token's version (token_versions)."""
     max_restarts: int = Field(3, ge=0)
     """Rollout worker replacements allowed per run: a worker whose process dies is replaced (its unfinished groups are recorded as dropped_error with the reason); past this many the run stops."""
 

@@ -48,7 +48,8 @@ class WorkerCounters:
     busy_s: float = 0.0  # stepping the engine
     idle_s: float = 0.0  # waiting for admission
     weight_updates: int = 0
-    resubmitted: int = 0  # samples aborted at an update and started again (rollout.weight_update=abort)
+    resubmitted: int = 0  # samples aborted at an update and started again (rollout.weight_update=abort or resume)
+    resumed_tokens: int = 0  # tokens sampled before an update that resume kept (none regenerated)
     drain_s: float = 0.0
     update_s: float = 0.0
     loop_s: float = 0.0

@@ -2,6 +2,9 @@
 
 `SCHEMA_VERSION` is written into every record; readers check it. A sample ends
 in exactly one `Status`.
+
+Version 2 added `token_versions` (the policy version that sampled each response
+token); version-1 records read with it null (`READABLE` lists what a reader takes).
 """
 from __future__ import annotations
 
@@ -9,7 +12,8 @@ from enum import Enum
 
 import pyarrow as pa
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+READABLE = (1, 2)
 
 
 class Status(str, Enum):
@@ -44,6 +48,7 @@ SAMPLE_SCHEMA = pa.schema(
         ("finish_reason", pa.string()),
         ("policy_version_start", pa.int64()),
         ("policy_version_end", pa.int64()),
+        ("token_versions", pa.list_(pa.int64())),
         ("consumed_version", pa.int64()),
         ("consumed_step", pa.int64()),
         ("status", pa.string()),

@@ -14,7 +14,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from asyncrl.core.schema import SAMPLE_SCHEMA, SCHEMA_VERSION
+from asyncrl.core.schema import READABLE, SAMPLE_SCHEMA, SCHEMA_VERSION
 
 
 class TrajectoryStore:
@@ -47,12 +47,20 @@ class TrajectoryStore:
 
 
 def read_trajectories(directory: str | Path) -> pa.Table:
-    """All part files of a run's store as one table; checks the schema version."""
+    """All part files of a run's store as one table in today's schema (older parts get the columns added since,
+    null); checks the schema version."""
     parts = sorted(Path(directory).glob("part-*.parquet"))
     if not parts:
         return SAMPLE_SCHEMA.empty_table()
-    table = pa.concat_tables([pq.read_table(p) for p in parts])
-    versions = set(table.column("schema_version").to_pylist())
-    if versions - {SCHEMA_VERSION}:
-        raise ValueError(f"trajectory schema versions {sorted(versions)} unsupported (reader is {SCHEMA_VERSION})")
-    return table
+    tables = [pq.read_table(p) for p in parts]
+    versions = {v for t in tables for v in t.column("schema_version").to_pylist()}
+    if versions - set(READABLE):
+        raise ValueError(f"trajectory schema versions {sorted(versions)} unsupported (reader is {SCHEMA_VERSION}; reads {list(READABLE)})")
+    return pa.concat_tables([_upgraded(t) for t in tables])
+
+
+def _upgraded(table: pa.Table) -> pa.Table:
+    """`table` with every column of SAMPLE_SCHEMA, in its order (a column added since it was written: null)."""
+    columns = [table.column(f.name).cast(f.type) if f.name in table.schema.names else pa.nulls(table.num_rows, f.type)
+               for f in SAMPLE_SCHEMA]
+    return pa.Table.from_arrays(columns, schema=SAMPLE_SCHEMA)

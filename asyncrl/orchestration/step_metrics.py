@@ -25,6 +25,7 @@ def rollout_metrics(stats: list[WorkerStats], buffer: dict, seen: dict[int, dict
         "rollout/idle_frac": idle / max(busy + idle, 1e-9), **per_worker,
         "rollout/busy_s_total": busy, "rollout/restarts_total": restarts, "buffer/lost_samples": buffer["lost"],
         "rollout/resubmitted_total": sum(s.resubmitted for s in stats),
+        "rollout/resumed_tokens_total": sum(s.resumed_tokens for s in stats),
         "rollout/drain_s_total": sum(s.drain_s for s in stats),
         "samples/generated_total": sum(s.groups_done for s in stats) * group_size,
         "rollout/inflight_groups": sum(s.inflight_groups for s in stats),
