@@ -71,13 +71,14 @@ class ReplayBuffer:
             self.changed.notify_all()
 
     async def get_batch(self, n_groups: int, version: int, step: int, timeout_s: float) -> list[dict] | None:
-        """`n_groups` fresh groups, oldest first, marked consumed at `version`; None on timeout."""
+        """`n_groups` fresh groups (the oldest first with buffer.oldest_first, else in arrival order), marked consumed
+        at `version`; None on timeout."""
         deadline = time.monotonic() + timeout_s
         async with self.changed:
             while True:
                 self._drop_stale(version)
                 if len(self.groups) >= n_groups:
-                    return self._consume([self.groups.popleft() for _ in range(n_groups)], version, step)
+                    return self._consume(self._take(n_groups), version, step)
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return None
@@ -148,6 +149,17 @@ class ReplayBuffer:
             self.store.append(records)
             delivered.add(k)
         return admitted
+
+    def _take(self, n: int) -> list[list[dict]]:
+        """Remove and return `n` groups: the oldest by start version first (buffer.oldest_first; ties and otherwise:
+        arrival order)."""
+        order = list(range(len(self.groups)))
+        if self.cfg.buffer.oldest_first:
+            order.sort(key=lambda i: _oldest_start(self.groups[i]))  # stable: arrival order within a version
+        chosen = set(order[:n])
+        taken = [self.groups[i] for i in order[:n]]
+        self.groups = deque(g for i, g in enumerate(self.groups) if i not in chosen)
+        return taken
 
     def _filter(self, group: list[dict]) -> bool:
         """Record the group as filtered if its rewards (as the learner would see them) are all equal."""

@@ -43,7 +43,7 @@ def configure_cpu_env(kv_cache_gib: float) -> None:
 
 class VLLMEngine:
     def __init__(
-        self, model_path: str, dtype: str, max_model_len: int, seed: int, kv_cache_gib: float, gpu_mem: float
+        self, model_path: str, dtype: str, max_model_len: int, seed: int, kv_cache_gib: float, gpu_mem: float, priority: bool = False
     ) -> None:
         configure_cpu_env(kv_cache_gib)
         from vllm import LLM
@@ -57,6 +57,7 @@ class VLLMEngine:
             logprobs_mode="processed_logprobs",
             worker_extension_cls=EXTENSION,
             gpu_memory_utilization=gpu_mem,
+            scheduling_policy="priority" if priority else "fcfs",  # priority: lower values first
         )
         self.engine = self.llm.llm_engine
         self.tokenizer = self.llm.get_tokenizer()
@@ -81,8 +82,9 @@ class VLLMEngine:
             self.step()
         return time.perf_counter() - t0
 
-    def add(self, request_id: str, prompt_ids: list[int], params) -> None:
-        self.engine.add_request(request_id, {"prompt_token_ids": prompt_ids}, params)
+    def add(self, request_id: str, prompt_ids: list[int], params, priority: int = 0) -> None:
+        """Queue a request; with priority scheduling, lower `priority` values are scheduled (and kept) first."""
+        self.engine.add_request(request_id, {"prompt_token_ids": prompt_ids}, params, priority=priority)
 
     def has_unfinished(self) -> bool:
         return self.engine.has_unfinished_requests()

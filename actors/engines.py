@@ -8,14 +8,16 @@ from __future__ import annotations
 from actors.engine import VLLMEngine
 
 
-def make_engine(engine: str, model_path: str, dtype: str, max_model_len: int, seed: int, kv_cache_gib: float, gpu_mem: float):
-    """The engine `rollout.engine` names, with the same methods either way."""
+def make_engine(engine: str, model_path: str, dtype: str, max_model_len: int, seed: int, kv_cache_gib: float, gpu_mem: float,
+                priority: bool = False):
+    """The engine `rollout.engine` names, with the same methods either way. `priority`: requests are scheduled by
+    the priority `add` gives them, lower values first."""
     if engine == "sglang":
         from actors.sglang_engine import SGLangEngine
 
-        return SGLangEngine(model_path, dtype, max_model_len, seed, kv_cache_gib, gpu_mem)
+        return SGLangEngine(model_path, dtype, max_model_len, seed, kv_cache_gib, gpu_mem, priority)
     if engine == "vllm":
-        return VLLMEngine(model_path, dtype, max_model_len, seed, kv_cache_gib, gpu_mem)
+        return VLLMEngine(model_path, dtype, max_model_len, seed, kv_cache_gib, gpu_mem, priority)
     raise ValueError(f"rollout.engine={engine!r}: expected vllm or sglang")
 
 

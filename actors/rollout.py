@@ -110,7 +110,8 @@ class RolloutWorker:
         self.id, self.cfg, self.buffer, self.run_id = worker_id, cfg, buffer, run_id
         r = cfg.rollout
         self.engine = make_engine(
-            r.engine, model_path, cfg.model.dtype, cfg.model.max_model_len, cfg.run.seed + worker_id, r.kv_cache_gib, r.gpu_memory_utilization
+            r.engine, model_path, cfg.model.dtype, cfg.model.max_model_len, cfg.run.seed + worker_id, r.kv_cache_gib, r.gpu_memory_utilization,
+            priority=r.oldest_first,
         )
         self.params = self.engine.sampling_params(r.temperature, r.top_p, r.max_new_tokens)
         self.engine.warm_up(self.params, self.engine.tokenizer("1+1=").input_ids)
@@ -375,14 +376,15 @@ class RolloutWorker:
         kept = group.prefix.get(sample_id)
         if kept is None or not kept.token_ids:
             group.starts[sample_id] = self.version
-            self.engine.add(sample_id, group.prompt_ids, self.params)
+            self.engine.add(sample_id, group.prompt_ids, self.params, priority=self.version)
             return
         r = self.cfg.rollout
         left = r.max_new_tokens - len(kept.token_ids)
         if left <= 0:  # it had used its whole budget when it was stopped: it is finished
             self._collect([Finished(sample_id, [], [], "length")])
             return
-        self.engine.add(sample_id, group.prompt_ids + kept.token_ids, self.engine.sampling_params(r.temperature, r.top_p, left))
+        params = self.engine.sampling_params(r.temperature, r.top_p, left)
+        self.engine.add(sample_id, group.prompt_ids + kept.token_ids, params, priority=group.versions[sample_id][0])  # its oldest token's
 
     def _collect(self, finished: list[Finished]) -> None:
         now = time.time()

@@ -97,7 +97,7 @@ def kv_tokens(model_path: str, dtype: str, kv_cache_gib: float) -> int:
 
 class SGLangEngine:
     def __init__(
-        self, model_path: str, dtype: str, max_model_len: int, seed: int, kv_cache_gib: float, gpu_mem: float
+        self, model_path: str, dtype: str, max_model_len: int, seed: int, kv_cache_gib: float, gpu_mem: float, priority: bool = False
     ) -> None:
         check_installed()
         import torch
@@ -109,6 +109,8 @@ class SGLangEngine:
             model_path=model_path, dtype=dtype, context_length=max_model_len, random_seed=seed, tp_size=1,
             skip_tokenizer_init=True, log_level="error", disable_cuda_graph=not on_gpu,
         )
+        if priority:  # lower values first, as vLLM's priority policy
+            args.update(enable_priority_scheduling=True, schedule_low_priority_values_first=True)
         if on_gpu:
             args["mem_fraction_static"] = gpu_mem
         else:  # SGLang's CPU engine; these cores have no AMX, so its attention kernels are not usable
@@ -120,6 +122,7 @@ class SGLangEngine:
         self.thread = threading.Thread(target=self.loop.run_forever, name="sglang-loop", daemon=True)
         self.thread.start()
         self.running: dict[str, concurrent.futures.Future] = {}
+        self.priority = priority
         self.latest: dict[str, dict] = {}  # request id -> its newest streamed chunk (cumulative)
         self.group_name: str | None = None
         self.receiver = None
@@ -141,15 +144,16 @@ class SGLangEngine:
     def _generate(self, prompt_ids: list[int], params: dict, rid: str, **extra):
         return self.engine.async_generate(input_ids=prompt_ids, sampling_params=params, return_logprob=True, rid=rid, **extra)
 
-    def add(self, request_id: str, prompt_ids: list[int], params) -> None:
+    def add(self, request_id: str, prompt_ids: list[int], params, priority: int = 0) -> None:
         if request_id in self.running:
             raise ValueError(f"request {request_id!r} is already running")
-        self.running[request_id] = asyncio.run_coroutine_threadsafe(self._stream(prompt_ids, params, request_id), self.loop)
+        self.running[request_id] = asyncio.run_coroutine_threadsafe(self._stream(prompt_ids, params, request_id, priority), self.loop)
 
-    async def _stream(self, prompt_ids: list[int], params: dict, rid: str) -> dict:
+    async def _stream(self, prompt_ids: list[int], params: dict, rid: str, priority: int) -> dict:
         """Generate, keeping the newest chunk in `latest`; returns the last one."""
         chunk = None
-        async for chunk in await self._generate(prompt_ids, params, rid, stream=True):
+        extra = {"priority": priority} if self.priority else {}
+        async for chunk in await self._generate(prompt_ids, params, rid, stream=True, **extra):
             self.latest[rid] = chunk
         return chunk
 

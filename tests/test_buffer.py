@@ -40,7 +40,7 @@ def test_never_hands_out_stale_and_records_every_sample(tmp_path):
         for gid, v in [("a", 0), ("b", 2), ("c", 1), ("d", 2)]:
             await buf.put(group(gid, v))
         batch = await buf.get_batch(2, version=2, step=0, timeout_s=1.0)  # a is 2 behind: dropped
-        assert [s["group_id"] for s in batch] == ["b", "b", "c", "c"]
+        assert [s["group_id"] for s in batch] == ["c", "c", "b", "b"]  # oldest first: c (v1) before b (v2)
         assert all(s["status"] == "consumed" and s["consumed_version"] == 2 for s in batch)
         assert await buf.get_batch(2, version=2, step=1, timeout_s=0.05) is None  # only d left: times out
         await buf.put(group("e", 0, status="dropped_error"))
@@ -120,3 +120,16 @@ def test_filtering_sees_the_overlong_penalty(tmp_path):
         return await buf.stats()  # b: task rewards 0, 1 but shaped 0, 0: filtered
     stats = run(scenario())
     assert stats["filtered"] == 2 and stats["buffered_groups"] == 1
+
+
+def test_batches_take_the_oldest_groups_first_or_in_arrival_order(tmp_path):
+    async def scenario(oldest_first: bool) -> list[str]:
+        buf = make(tmp_path / str(oldest_first), "buffer.max_staleness=2", f"buffer.oldest_first={str(oldest_first).lower()}")
+        await buf.admit(4)
+        for gid, v in [("new", 2), ("old", 0), ("mid", 1), ("new2", 2)]:  # "old" arrives second: a long group, late
+            await buf.put(group(gid, v))
+        first = await buf.get_batch(2, version=2, step=0, timeout_s=1.0)
+        second = await buf.get_batch(2, version=2, step=1, timeout_s=1.0)
+        return [s["group_id"] for s in first + second][::2]
+    assert run(scenario(True)) == ["old", "mid", "new", "new2"]
+    assert run(scenario(False)) == ["new", "old", "mid", "new2"]

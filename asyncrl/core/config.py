@@ -98,6 +98,8 @@ class RolloutConfig(_Section):
     """Custom Ray resources each rollout actor needs (e.g. {rollout_node: 1}, a label given to `ray start --resources`)."""
     weight_update: Literal["keep", "abort", "drain", "resume"] = "keep"
     """Requests running when new weights arrive: keep (pause, load, resume them: later tokens come from the new version; their KV is recomputed), abort (abort them and resubmit from the prompt: every token of the sample comes from the new version), drain (stop admitting, let them finish, then load) or resume (AReaL's partial rollouts: abort them, keep the tokens sampled so far, resubmit prompt + those tokens: the new version writes only what follows). Every sample records each token's version (token_versions)."""
+    oldest_first: bool = True
+    """Engines schedule requests by the version of their oldest token, older first (vLLM's priority policy, SGLang's priority scheduling), so that where requests wait for room, old ones finish before they go stale; false: first come, first served."""
     max_restarts: int = Field(3, ge=0)
     """Rollout worker replacements allowed per run: a worker whose process dies is replaced (its unfinished groups are recorded as dropped_error with the reason); past this many the run stops."""
 
@@ -107,6 +109,8 @@ class BufferConfig(_Section):
     """Largest learner_version - policy_version_start trained on; 0 is synchronous on-policy."""
     capacity_groups: int = 64
     """Groups held at most; producers are refused admission beyond it."""
+    oldest_first: bool = True
+    """A batch takes the buffered groups whose oldest sample started at the oldest version first (ties: arrival order), so a long group that arrives late is trained on before it goes stale; false: arrival order."""
     sample_timeout_s: float = Field(600.0, gt=0)
     """How long the learner waits for a batch before the run fails."""
     store_flush_s: float = Field(5.0, gt=0)
