@@ -15,6 +15,7 @@ from asyncrl.core.messages import GroupId
 from asyncrl.core.store import read_trajectories
 from asyncrl.core.util import pids_named
 from tests.test_learner import fake_samples, learner
+from tests.test_reward_pool import scoring_children
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -67,11 +68,13 @@ def metric_steps(run_dir: Path) -> list[int]:
 
 
 @pytest.mark.slow
-def test_sigkill_mid_run_then_resume(tiny_model_dir, tmp_path):
+@pytest.mark.parametrize("scoring", ["in_loop", "reward_pool"])
+def test_sigkill_mid_run_then_resume(tiny_model_dir, tmp_path, scoring):
     out = tmp_path / "run"
+    pool = ["reward.num_workers=2", "reward.num_cpus=0.5", "reward.batch_wait_s=0.05"] if scoring == "reward_pool" else []
     cmd = [sys.executable, "-m", "asyncrl.run", "--config", "configs/smoke.yaml", f"run.output_dir={out}", f"model.path={tiny_model_dir}",
            "run.steps=16", "run.checkpoint_every=3", "run.eval=false", "learner.delay_s=0.5", "buffer.store_flush_s=0.2",
-           "algorithm.filter_zero_variance=true"]
+           "algorithm.filter_zero_variance=true", *pool]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and not (out / "checkpoints" / "step-000006").is_dir():
@@ -80,6 +83,11 @@ def test_sigkill_mid_run_then_resume(tiny_model_dir, tmp_path):
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     assert not (out / "summary.json").exists()
+    if scoring == "reward_pool":  # the scoring children (each in its own session) die with their reward actors
+        deadline = time.monotonic() + 20
+        while scoring_children() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert scoring_children() == []
     before_kill = metric_steps(out)
     state = read_state(latest_checkpoint(out))  # read now: the resumed run prunes old checkpoints
     resumed_at = state["next_step"]

@@ -47,7 +47,7 @@ def actor_processes() -> list[str]:
             cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
         except OSError:
             continue
-        if cmd.startswith(("ray::RolloutWorker", "ray::Learner", "ray::ReplayBuffer", "sglang::")):
+        if cmd.startswith(("ray::RolloutWorker", "ray::Learner", "ray::ReplayBuffer", "ray::RewardWorker", "sglang::")):
             found.append(cmd)
     return found
 

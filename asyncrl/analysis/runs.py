@@ -19,6 +19,8 @@ import yaml
 from asyncrl.core.schema import Status
 from asyncrl.core.store import read_trajectories
 
+REWARD_BOUND_WAIT = 0.1
+"""Mean wait of a group on scoring, as a share of the mean step, above which (and above the learner's wait for data) a run is reward-bound."""
 GENERATION_BOUND_WAIT = 0.40
 """Learner wait above this fraction of step time: the run is generation-bound."""
 TRAINING_BOUND_IDLE = 0.30
@@ -119,8 +121,17 @@ def bottleneck(metrics: list[dict]) -> Verdict:
         "weight sync": sum(m.get("time/weight_sync_s", 0.0) for m in rows) / step,
         "rollout idle": sum(m.get("rollout/idle_frac", 0.0) for m in rows) / max(len(rows), 1),
     }
+    if any("reward/group_wait_s" in m for m in rows):  # a reward pool ran
+        ratios["reward wait"] = sum(m.get("reward/group_wait_s", 0.0) for m in rows) / step
     advice = []
-    if ratios["learner wait"] > GENERATION_BOUND_WAIT:
+    if ratios.get("reward wait", 0.0) > max(ratios["learner wait"], REWARD_BOUND_WAIT):
+        kind = "reward-bound"
+        advice += [
+            "add reward actors (reward.num_workers) or give them GPUs: groups wait on scoring longer than the learner waits on generation",
+            "mark the reward batched (@reward(batched=True)) and raise reward.batch_size: one call scores many samples",
+            "keep reward.cache on for a deterministic reward: repeated responses are not scored again",
+        ]
+    elif ratios["learner wait"] > GENERATION_BOUND_WAIT:
         kind = "generation-bound"
         advice += [
             "add rollout workers (rollout.num_workers) or engine GPUs: the learner waits for data",

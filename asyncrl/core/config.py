@@ -104,6 +104,29 @@ class RolloutConfig(_Section):
     """Rollout worker replacements allowed per run: a worker whose process dies is replaced (its unfinished groups are recorded as dropped_error with the reason); past this many the run stops."""
 
 
+class RewardConfig(_Section):
+    num_workers: int = Field(0, ge=0)
+    """Reward actors scoring finished groups off the rollout workers' path (README "Rewards"): a rollout worker hands a group over and goes on generating. 0: each rollout worker scores in its own loop, one call at a time (fine for a string match; anything slower wants the pool)."""
+    num_cpus: float = Field(1.0, ge=0)
+    """Ray CPUs reserved per reward actor (its child process included)."""
+    num_gpus: float = Field(0.0, ge=0)
+    """Ray GPUs reserved per reward actor (task.reward=reward_model runs its model there)."""
+    resources: dict[str, float] = Field(default_factory=dict)
+    """Custom Ray resources each reward actor needs (e.g. {reward_node: 1})."""
+    batch_size: int = Field(32, ge=1)
+    """Most samples in one call of a batched reward (per-sample rewards are called one by one, in the same child process)."""
+    batch_wait_s: float = Field(0.02, ge=0)
+    """Longest a sample waits for others to fill a batch before the call is made with what is there."""
+    cache: bool = True
+    """Reuse the result of a (reward, version, prompt, response) already scored; never for a reward marked deterministic=False."""
+    cache_size: int = Field(100_000, ge=1)
+    """Results kept per reward actor (least recently used are evicted)."""
+    model_path: str = ""
+    """task.reward=reward_model: the local directory of a Hugging Face sequence-classification model (one label)."""
+    max_restarts: int = Field(3, ge=0)
+    """Times Ray restarts a reward actor whose process died; the groups it held are recorded as dropped_error."""
+
+
 class BufferConfig(_Section):
     max_staleness: int = Field(1, ge=0)
     """Largest learner_version - policy_version_start trained on; 0 is synchronous on-policy."""
@@ -262,6 +285,7 @@ class Config(_Section):
     model: ModelConfig = Field(default_factory=ModelConfig)
     task: TaskConfig = Field(default_factory=TaskConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    reward: RewardConfig = Field(default_factory=RewardConfig)
     buffer: BufferConfig = Field(default_factory=BufferConfig)
     learner: LearnerConfig = Field(default_factory=LearnerConfig)
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
@@ -367,7 +391,11 @@ def cross_checks(cfg: Config) -> Config:
         "learner.num_workers",
         f"learner.batch_size ({lr.batch_size}) must split evenly into num_workers x mini_batches shards",
     )
-    for key, res in (("rollout.resources", r.resources), ("learner.resources", lr.resources)):
+    _check(t.reward != "reward_model" or cfg.reward.num_workers > 0, "reward.num_workers",
+           "task.reward=reward_model scores in the reward pool: give reward.num_workers >= 1")
+    _check(t.reward != "reward_model" or bool(cfg.reward.model_path), "reward.model_path",
+           "must name a local sequence-classification model directory when task.reward=reward_model")
+    for key, res in (("rollout.resources", r.resources), ("learner.resources", lr.resources), ("reward.resources", cfg.reward.resources)):
         _check(all(v > 0 for v in res.values()), key, "resource amounts must be > 0")
         _check(not {"CPU", "GPU", "memory"} & set(res), key, "use num_cpus / num_gpus for CPU and GPU")
     return cfg

@@ -55,6 +55,7 @@ class WorkerCounters:
     loop_s: float = 0.0
     reward_errors: int = 0
     reward_timeouts: int = 0
+    scoring_retries: int = 0  # hand-overs sent again after their reward actor died or was restarting
     bad_prompts: int = 0
     prompts_drawn: int = 0  # the data cursor a checkpoint records
 
@@ -65,6 +66,7 @@ class WorkerStats(WorkerCounters):
     worker_id: int = 0
     version: int = 0
     inflight_groups: int = 0
+    scoring_groups: int = 0  # handed to the reward pool, not yet delivered
     reward_threads_stuck: int = 0
     error: str | None = None
 
@@ -84,3 +86,39 @@ class SentWeights:
     bytes: int
     seconds: float
     payload: object = None
+
+
+@dataclass(frozen=True)
+class GroupScored:
+    """A reward worker's answer for one group, once it reached the buffer: the reason of each sample that has no
+    reward ([] when all scored), or `duplicate` when the group had been handed over before (nothing was done)."""
+    failures: tuple[str, ...] = ()
+    size: int = 0
+    duplicate: bool = False
+
+    @property
+    def all_failed(self) -> bool:
+        return self.size > 0 and len(self.failures) == self.size
+
+
+@dataclass
+class RewardStats:
+    """`RewardWorker.stats()`: running totals since it started, and the sample latencies since the last call."""
+    worker_id: int = 0
+    samples: int = 0  # samples answered (scored, cached or failed)
+    scored: int = 0  # samples the reward function was called for
+    calls: int = 0  # calls into the reward (a batched reward: one per batch)
+    batches: int = 0  # batches taken from the queue
+    batched_samples: int = 0  # samples in those batches
+    cache_hits: int = 0
+    cache_misses: int = 0
+    timeouts: int = 0
+    crashes: int = 0
+    errors: int = 0  # calls that raised
+    duplicates: int = 0  # groups handed over twice (ignored)
+    busy_s: float = 0.0  # inside reward calls
+    wall_s: float = 0.0  # since it started
+    groups: int = 0
+    group_wait_s: float = 0.0  # summed over groups: handed over -> delivered to the buffer
+    queue_depth: int = 0  # samples waiting or being scored now
+    latencies: tuple[float, ...] = ()  # seconds from hand-over to result, per sample answered since the last call

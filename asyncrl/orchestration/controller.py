@@ -28,14 +28,21 @@ from algorithms import get_algorithm
 from asyncrl.analysis.runs import bottleneck, eval_summary
 from asyncrl.core.checkpoint import latest_checkpoint, read_state, truncate_metrics, write_checkpoint
 from asyncrl.core.config import Config
-from asyncrl.core.messages import WorkerStats
+from asyncrl.core.messages import RewardStats, WorkerStats
 from asyncrl.core.metrics import MetricsSink
 from asyncrl.core.models import model_source
 from asyncrl.core.models.cache import ModelSource
 from asyncrl.core.tasks import make_reward, make_task
 from asyncrl.orchestration.cluster import bundle_nodes, check_reachable, connect_ray, in_pool, place_model, requested_address, resource_pool
-from asyncrl.orchestration.pools import RolloutPool
-from asyncrl.orchestration.step_metrics import batch_histograms, engine_running, rollout_metrics, sample_totals, timing_metrics
+from asyncrl.orchestration.pools import RewardPool, RolloutPool
+from asyncrl.orchestration.step_metrics import (
+    batch_histograms,
+    engine_running,
+    reward_metrics,
+    rollout_metrics,
+    sample_totals,
+    timing_metrics,
+)
 from asyncrl.orchestration.weight_sync import WeightSync
 
 
@@ -51,7 +58,11 @@ class Controller:
         # separate pools, so that on a cluster the two land where their resources are
         self.pools = [resource_pool("learner", l.num_workers, l.num_cpus, l.num_gpus, l.resources),
                       resource_pool("rollout", r.num_workers, r.num_cpus, r.num_gpus, r.resources)]
-        nodes = [bundle_nodes(pg) for pg in self.pools]
+        rw = cfg.reward
+        if rw.num_workers:
+            self.pools.append(resource_pool("reward", rw.num_workers, rw.num_cpus, rw.num_gpus, rw.resources))
+        self.rewards = RewardPool(cfg, self.pools[2] if rw.num_workers else None, self.buffer)
+        nodes = [bundle_nodes(pg) for pg in self.pools[:2]]
         paths = place_model(model, {n for pool in nodes for n in pool})
         self.learner_model_path = paths[nodes[0][0]]
         learner_opts = {"num_cpus": l.num_cpus, "num_gpus": l.num_gpus, "resources": l.resources}
@@ -61,7 +72,7 @@ class Controller:
         ]
         self.learner = self.learners[0]  # rank 0 publishes weights and saves
         cursors = {int(k): v for k, v in state.get("worker_cursors", {}).items()}
-        self.rollout = RolloutPool(cfg, self.pools[1], [paths[n] for n in nodes[1]], self.buffer, self.run_id, cursors)
+        self.rollout = RolloutPool(cfg, self.pools[1], [paths[n] for n in nodes[1]], self.buffer, self.run_id, cursors, self.rewards.actors)
         self.sync = WeightSync(self.learner, cfg)
         self.non_finite_streak = 0
         self.final = False  # the step being run is the last (run.steps reached, or run.max_train_minutes spent)
@@ -69,6 +80,7 @@ class Controller:
         self.version = 0
         self.tokens_t = time.time()
         self.worker_seen: dict[int, dict] = {}  # worker id -> counters at the previous step
+        self.reward_seen: dict[int, RewardStats] = {}  # reward actor id -> its counters at the previous step
         self.trained_total, self.learner_compute_total = 0, 0.0
         self.last_histograms: dict[str, list[float]] = {}
         self.placement = {
@@ -143,6 +155,7 @@ class Controller:
         self.trained_total += len(batch)
         self.learner_compute_total += compute_s * len(self.learners)
         metrics.update(self.rollout_metrics())
+        metrics.update(self.reward_metrics())
         metrics.update(self.record_engine_trace(step))
         metrics.update({"step": step, "policy_version": self.version, **timing_metrics(step_s, waited, compute_s, sync),
                         **sample_totals(self.trained_total, metrics["samples/generated_total"], metrics["rollout/busy_s_total"],
@@ -246,15 +259,32 @@ class Controller:
         self.tokens_t = now
         return metrics
 
+    def reward_metrics(self) -> dict:
+        """The reward pool's step metrics (none without a pool)."""
+        if not self.rewards.actors:
+            return {}
+        stats = self.rewards.stats()
+        metrics = reward_metrics(stats, self.reward_seen)
+        self.reward_seen.update({s.worker_id: s for s in stats})
+        return metrics
+
     def record_engine_trace(self, step: int) -> dict:
         """Append every worker's engine steps since the last learner step to RUN_DIR/engine_trace.jsonl (one line per
         worker and learner step: wall times and running requests); returns the running-request metrics."""
-        traces = ray.get([w.engine_trace.remote() for w in self.workers])
+        traces = [self._trace(ref) for ref in [w.engine_trace.remote() for w in self.workers]]
         with open(self.run_dir / "engine_trace.jsonl", "a") as f:
             for i, trace in enumerate(traces):
                 if trace:
                     f.write(json.dumps({"step": step, "worker": i, "t": [round(t, 4) for t, _ in trace], "running": [n for _, n in trace]}) + "\n")
         return engine_running(traces)
+
+    @staticmethod
+    def _trace(ref) -> list[tuple[float, int]]:
+        """One worker's trace; empty when it died after this step's stats (the next stats call replaces it)."""
+        try:
+            return ray.get(ref, timeout=60.0)
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            return []
 
     def evaluate(self) -> list[float] | None:
         """Each held-out problem's greedy score, in the task's order (None with run.eval off)."""
@@ -301,7 +331,8 @@ class Controller:
         ray.get([a.init_learner_group.remote(host, port, i, len(self.learners)) for i, a in enumerate(self.learners)])
 
     def shutdown(self) -> None:
-        for actor in [*self.workers, *self.learners, self.buffer]:
+        self.rewards.close()
+        for actor in [*self.workers, *self.learners, *self.rewards.actors, self.buffer]:
             ray.kill(actor)
         for pg in self.pools:
             remove_placement_group(pg)
@@ -314,8 +345,16 @@ def check_plugins(cfg: Config) -> None:
 
         check_installed()
     make_task(cfg.task, cfg.run.seed)
-    make_reward(cfg.task.reward)
+    if cfg.task.reward == "reward_model":
+        _check_model_dir(cfg.reward.model_path)
+    else:
+        make_reward(cfg.task.reward)
     get_algorithm(cfg.algorithm.name)
+
+
+def _check_model_dir(path: str) -> None:
+    if not (Path(path) / "config.json").is_file():
+        raise ValueError(f"reward.model_path={path!r}: not a Hugging Face model directory (no config.json there)")
 
 
 def prepare_run_dir(cfg: Config) -> Path:

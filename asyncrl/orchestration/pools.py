@@ -1,4 +1,5 @@
-"""The rollout workers in their placement group: started, asked for their counters, replaced when one dies.
+"""The rollout workers in their placement group: started, asked for their counters, replaced when one dies; the
+reward actors in theirs.
 
 A dead worker is reported by `stats`; `retire` and `restart` replace it where it stopped (its lost groups are
 recorded by the buffer, the replacement continues its prompt stream and group numbering). What the replacement
@@ -10,15 +11,18 @@ import ray
 from ray.util.placement_group import PlacementGroup
 
 from actors.engines import engine_runtime_env
+from actors.reward import RewardWorker
 from actors.rollout import RolloutWorker
 from asyncrl.core.config import Config
-from asyncrl.core.messages import WorkerStats
+from asyncrl.core.messages import RewardStats, WorkerStats
 from asyncrl.orchestration.cluster import in_pool
 
 
 class RolloutPool:
-    def __init__(self, cfg: Config, pg: PlacementGroup, model_paths: list[str], buffer, run_id: str, cursors: dict[int, int]) -> None:
+    def __init__(self, cfg: Config, pg: PlacementGroup, model_paths: list[str], buffer, run_id: str, cursors: dict[int, int],
+                 scorers: list | None = None) -> None:
         self.cfg, self.pg, self.model_paths, self.buffer, self.run_id = cfg, pg, model_paths, buffer, run_id
+        self.scorers = scorers or []  # the reward pool's actors, handed to every worker (and to replacements)
         self.cursors = cursors  # prompts drawn per worker before this process (a resumed run)
         self.cursor_offsets: dict[int, int] = {}  # prompts drawn in this process by worker i's earlier incarnations
         self.restarts = 0
@@ -31,7 +35,7 @@ class RolloutPool:
         if runtime_env:  # merged by Ray over the job's runtime_env (its working_dir, env_vars)
             opts["runtime_env"] = runtime_env
         return (ray.remote(RolloutWorker).options(**opts, scheduling_strategy=in_pool(self.pg, i))
-                .remote(i, self.cfg, self.model_paths[i], self.buffer, self.run_id, cursor, first_group))
+                .remote(i, self.cfg, self.model_paths[i], self.buffer, self.run_id, cursor, first_group, self.scorers))
 
     def stats(self, timeout_s: float = 60.0) -> tuple[list[WorkerStats], list[tuple[int, str]]]:
         """Every worker's counters, or ([], the dead: (index, why)) when some did not answer."""
@@ -70,3 +74,35 @@ class RolloutPool:
         """Prompts drawn by each worker over the whole run, for a checkpoint."""
         return {str(st.worker_id): self.cursors.get(st.worker_id, 0) + self.cursor_offsets.get(st.worker_id, 0) + st.prompts_drawn
                 for st in stats}
+
+
+class RewardPool:
+    """The reward actors in their own placement group (reward.num_workers of them; none: rollout workers score
+    in their loops). Ray restarts one whose process died (reward.max_restarts); the groups it held are recorded
+    by the rollout workers that handed them over."""
+
+    def __init__(self, cfg: Config, pg: PlacementGroup | None, buffer) -> None:
+        rw = cfg.reward
+        opts = {"num_cpus": rw.num_cpus, "num_gpus": rw.num_gpus, "resources": rw.resources, "max_restarts": rw.max_restarts,
+                "max_concurrency": 1000}  # one pending call per group waiting to be scored
+        place = (lambda i: {"scheduling_strategy": in_pool(pg, i)}) if pg is not None else (lambda i: {})  # no group: anywhere
+        self.actors = [ray.remote(RewardWorker).options(**opts, **place(i)).remote(i, cfg, buffer) for i in range(rw.num_workers)]
+        ray.get([a.node_id.remote() for a in self.actors])  # up (their reward imports) before any group is handed over
+
+    def stats(self, timeout_s: float = 30.0) -> list[RewardStats]:
+        """Each live actor's counters (one being restarted is left out this time)."""
+        out = []
+        for ref in [a.stats.remote() for a in self.actors]:
+            try:
+                out.append(ray.get(ref, timeout=timeout_s))
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+                continue
+        return out
+
+    def close(self) -> None:
+        """Kill every scoring child process (the actors themselves are killed with the rest)."""
+        refs = [a.close.remote() for a in self.actors]
+        try:
+            ray.get(refs, timeout=30)
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            pass

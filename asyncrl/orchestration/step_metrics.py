@@ -1,7 +1,8 @@
 """Per-step metrics from what the actors report: pure functions (docs/metrics.md names every key)."""
 from __future__ import annotations
 
-from asyncrl.core.messages import WorkerStats
+from asyncrl.core.messages import RewardStats, WorkerStats
+from asyncrl.core.scoring import percentile
 
 SEEN_KEYS = ("tokens", "busy_s", "idle_s")
 
@@ -29,12 +30,39 @@ def rollout_metrics(stats: list[WorkerStats], buffer: dict, seen: dict[int, dict
         "rollout/drain_s_total": sum(s.drain_s for s in stats),
         "samples/generated_total": sum(s.groups_done for s in stats) * group_size,
         "rollout/inflight_groups": sum(s.inflight_groups for s in stats),
+        "rollout/scoring_groups": sum(s.scoring_groups for s in stats),
+        "rollout/scoring_retries_total": sum(s.scoring_retries for s in stats),
         "buffer/buffered_groups": buffer["buffered_groups"], "buffer/refused_admissions": buffer["refused_admissions"],
         "buffer/dropped_stale": buffer["dropped_stale"], "buffer/dropped_error": buffer["dropped_error"],
         "buffer/filtered": buffer["filtered"],
         "samples/filtered_frac": buffer["filtered"] / max(buffer["filtered"] + buffer["consumed"], 1),
     }
     return metrics, {**seen, **now_seen}
+
+
+def reward_metrics(stats: list[RewardStats], seen: dict[int, RewardStats]) -> dict:
+    """The reward pool's metrics of one step from every reward actor's counters (`seen`: each one's at the previous
+    step; an actor Ray restarted counts from 0 again). Latencies are the samples answered since then."""
+    def since(s: RewardStats, key: str) -> float:
+        now, before = getattr(s, key), getattr(seen.get(s.worker_id, RewardStats()), key)
+        return now - before if now >= before else now
+
+    latencies = [x for s in stats for x in s.latencies]
+    hits, misses = sum(s.cache_hits for s in stats), sum(s.cache_misses for s in stats)
+    groups = sum(since(s, "groups") for s in stats)
+    metrics = {
+        "reward/queue_depth": float(sum(s.queue_depth for s in stats)),
+        "reward/batch_size_mean": sum(s.batched_samples for s in stats) / max(sum(s.batches for s in stats), 1),
+        "reward/cache_hit_rate": hits / max(hits + misses, 1),
+        "reward/timeouts_total": float(sum(s.timeouts for s in stats)),
+        "reward/crashes_total": float(sum(s.crashes for s in stats)),
+        "reward/calls_total": float(sum(s.calls for s in stats)),
+        "reward/busy_frac": sum(since(s, "busy_s") for s in stats) / max(sum(since(s, "wall_s") for s in stats), 1e-9),
+        "reward/group_wait_s": sum(since(s, "group_wait_s") for s in stats) / groups if groups else 0.0,
+    }
+    if latencies:
+        metrics.update({"reward/latency_p50_s": percentile(latencies, 0.5), "reward/latency_p99_s": percentile(latencies, 0.99)})
+    return metrics
 
 
 def timing_metrics(step_s: float, waited_s: float, compute_s: float, sync: dict) -> dict:

@@ -1,0 +1,265 @@
+"""Scoring outside the caller's process: reward specs, a result cache, and a child process that can be killed.
+
+A reward is a function `fn(prompt, response) -> float` (per sample) or, marked with `@reward(batched=True)`,
+`fn(prompts, responses) -> list[float]`. `@reward` also says whether the function is deterministic (only then is
+its result cached) and its version (part of the cache key: change it when the function changes).
+
+`ScoringProcess` runs the calls in a child process of its own session, so that a call past its timeout, or one
+that kills its process, is ended for good: the whole process group is killed (SIGKILL), the samples it held get
+the reason, and the next call starts a fresh child. Python threads cannot be stopped; processes can.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import math
+import multiprocessing as mp
+import os
+import signal
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from asyncrl.core.tasks import Prompt, make_reward
+
+
+def reward(batched: bool = False, deterministic: bool = True, version: str = "1") -> Callable:
+    """Mark a reward function: `batched` takes lists and returns one float per pair; a non-deterministic one is
+    never cached; `version` is part of the cache key."""
+    def mark(fn: Callable) -> Callable:
+        fn.asyncrl_reward = RewardTraits(batched, deterministic, str(version))
+        return fn
+    return mark
+
+
+@dataclass(frozen=True)
+class RewardTraits:
+    batched: bool = False
+    deterministic: bool = True
+    version: str = "1"
+
+
+def traits_of(fn: Callable) -> RewardTraits:
+    """What `@reward` said of `fn` (an unmarked function is per-sample, deterministic, version 1)."""
+    traits = getattr(fn, "asyncrl_reward", None)  # an attribute users set through @reward, not a duck-typing guess
+    return traits if isinstance(traits, RewardTraits) else RewardTraits()
+
+
+def per_sample(fn: Callable) -> Callable[[Prompt, str], float]:
+    """`fn` as `(prompt, response) -> float`: a batched reward is called with one pair."""
+    if not traits_of(fn).batched:
+        return fn
+    return lambda prompt, response: fn([prompt], [response])[0]
+
+
+def cache_key(reward_name: str, version: str, prompt: Prompt, response: str) -> str:
+    """The cache's key: the reward's name and version, the prompt (its text and reference answer) and the response."""
+    h = hashlib.sha256()
+    for part in (reward_name, version, prompt.text, prompt.answer, response):
+        h.update(part.encode())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+class RewardCache:
+    """Least-recently-used results by key, at most `size` of them; counts hits and misses."""
+
+    def __init__(self, size: int) -> None:
+        self.size, self.hits, self.misses = size, 0, 0
+        self._items: OrderedDict[str, float] = OrderedDict()
+
+    def get(self, key: str) -> float | None:
+        value = self._items.get(key)
+        if value is None:
+            self.misses += 1
+            return None
+        self.hits += 1
+        self._items.move_to_end(key)
+        return value
+
+    def put(self, key: str, value: float) -> None:
+        self._items[key] = value
+        self._items.move_to_end(key)
+        while len(self._items) > self.size:
+            self._items.popitem(last=False)
+
+
+@dataclass
+class Scored:
+    """One sample's outcome: its reward, or why it has none."""
+    value: float | None = None
+    error: str | None = None
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The q-quantile (0..1) by the nearest-rank rule; nan for no values."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+# ---- the child process ------------------------------------------------------------------------
+
+def _die_with_parent() -> None:
+    """Linux: the kernel kills this process when its parent dies (a reward worker killed with SIGKILL leaves no child)."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def _child_main(conn, reward_name: str, options: dict) -> None:
+    """Score what the parent sends, one message back per call: ("ok", [values]) or ("err", index, message)."""
+    os.setsid()  # its own process group: a timeout kills whatever the reward started too
+    _die_with_parent()
+    try:
+        fn = build_reward(reward_name, options)
+    except Exception as exc:
+        conn.send(("fail", f"reward {reward_name!r} could not be built: {exc!r}"))
+        return
+    batched = traits_of(fn).batched
+    conn.send(("ready",))
+    while True:
+        try:
+            prompts, responses = conn.recv()
+        except EOFError:
+            return
+        if batched:
+            try:
+                values = [float(v) for v in fn(prompts, responses)]
+                if len(values) != len(prompts):
+                    raise ValueError(f"batched reward returned {len(values)} values for {len(prompts)} samples")
+                conn.send(("ok", values))
+            except Exception as exc:  # handed to the parent, which records it
+                conn.send(("err", -1, f"reward raised {exc!r}"))
+            continue
+        for i, (p, r) in enumerate(zip(prompts, responses)):
+            try:
+                conn.send(("one", i, float(fn(p, r))))
+            except Exception as exc:
+                conn.send(("err", i, f"reward raised {exc!r}"))
+
+
+def build_reward(name: str, options: dict) -> Callable:
+    """The reward `name` names: a built-in made from `options` (the reward section), or a registered or dotted-path function."""
+    if name == "reward_model":
+        from asyncrl.core.reward_model import RewardModel  # torch and transformers only where this reward is used
+        return RewardModel(options["model_path"], options["device"], options.get("max_length", 512))
+    return make_reward(name)
+
+
+def reward_traits(name: str) -> RewardTraits:
+    """What `@reward` says of the reward `name` names (without loading a reward model)."""
+    if name == "reward_model":
+        from asyncrl.core.reward_model import RewardModel
+
+        return traits_of(RewardModel)
+    return traits_of(make_reward(name))
+
+
+class ScoringProcess:
+    """Calls a reward in a child process; a call past `timeout_s`, or one that ends the process, is killed with its
+    process group and answered with the reason; the next call starts a fresh child (`restarts` counts them)."""
+
+    def __init__(self, reward_name: str, options: dict, timeout_s: float) -> None:
+        self.reward_name, self.options, self.timeout_s = reward_name, options, timeout_s
+        self.traits = reward_traits(reward_name)
+        self.batched = self.traits.batched
+        self.ctx = mp.get_context("spawn")  # never fork a process that runs threads (a Ray actor does)
+        self.proc = None
+        self.conn = None
+        self.restarts = self.timeouts = self.crashes = 0
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None and self.proc.is_alive() else None
+
+    def _start(self, startup_s: float) -> str:
+        """Start a child and wait for it to have built the reward; "" when it has, else why not."""
+        parent, child = self.ctx.Pipe()
+        self.proc = self.ctx.Process(target=_child_main, args=(child, self.reward_name, self.options), daemon=True,
+                                     name=f"asyncrl-reward-{self.reward_name}")
+        self.proc.start()
+        child.close()
+        self.conn = parent
+        reply, why = self._next_reply(time.monotonic() + startup_s, counted=False)
+        if reply is None:
+            return f"reward process did not start: {why}"
+        return reply[1] if reply[0] == "fail" else ""
+
+    def close(self) -> None:
+        """Kill the child and everything in its process group."""
+        if self.proc is not None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            self.proc.join(5)
+            self.conn.close()
+        self.proc = self.conn = None
+
+    def score(self, prompts: list[Prompt], responses: list[str], startup_s: float = 300.0) -> list[Scored]:
+        """Each pair's reward or the reason it has none, in order. Per-sample rewards get `timeout_s` per sample
+        (a hung sample is killed and the rest go on in a fresh child); a batched call gets `timeout_s` in all.
+        A new child has `startup_s` to build the reward (imports, a reward model's load) before the clock starts."""
+        out: list[Scored] = [Scored() for _ in prompts]
+        todo = list(range(len(prompts)))
+        while todo:
+            if self.proc is None or not self.proc.is_alive():
+                if self.proc is not None:
+                    self.close()
+                    self.restarts += 1
+                why = self._start(startup_s)
+                if why:
+                    for i in todo:
+                        out[i] = Scored(error=why)
+                    self.close()
+                    return out
+            self.conn.send(([prompts[i] for i in todo], [responses[i] for i in todo]))
+            todo = self._receive(todo, out)
+        return out
+
+    def _receive(self, todo: list[int], out: list[Scored]) -> list[int]:
+        """Read the child's answers for `todo`; returns the indices left to send again (after a killed child)."""
+        expected = 1 if self.batched else len(todo)
+        deadline = time.monotonic() + self.timeout_s
+        for _ in range(expected):
+            reply, why = self._next_reply(deadline)
+            if reply is None:
+                done = {i for i, s in enumerate(out) if s.value is not None or s.error is not None}
+                left = [i for i in todo if i not in done]
+                culprits = left if self.batched else left[:1]  # per sample: the one it was scoring
+                for i in culprits:
+                    out[i] = Scored(error=why)
+                self.close()
+                self.restarts += 1
+                return [i for i in left if i not in culprits]
+            kind = reply[0]
+            if kind == "ok":
+                for i, v in zip(todo, reply[1]):
+                    out[i] = Scored(value=v)
+            elif kind == "one":
+                out[todo[reply[1]]] = Scored(value=reply[2])
+            else:
+                for i in (todo if reply[1] < 0 else [todo[reply[1]]]):
+                    out[i] = Scored(error=reply[2])
+            deadline = time.monotonic() + self.timeout_s
+        return []
+
+    def _next_reply(self, deadline: float, counted: bool = True) -> tuple[tuple | None, str]:
+        """The child's next message, or (None, why) when it timed out or died first (`counted`: in timeouts/crashes)."""
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self.timeouts += counted
+                return None, f"reward timed out after {self.timeout_s:g} s (its process was killed)"
+            try:
+                if self.conn.poll(min(left, 0.5)):
+                    return self.conn.recv(), ""
+            except (EOFError, OSError):  # its end of the pipe closed: it exited
+                self.proc.join(5)
+            if not self.proc.is_alive():
+                self.crashes += counted
+                return None, f"reward process died (exit code {self.proc.exitcode})"
