@@ -24,6 +24,7 @@ from asyncrl.core.messages import GroupScored, RewardStats
 from asyncrl.core.schema import Status
 from asyncrl.core.scoring import RewardCache, Scored, ScoringProcess, cache_key
 from asyncrl.core.tasks import Prompt
+from asyncrl.core.util import pin_to_cores
 
 LATENCY_LIMIT = 100_000
 """Latencies kept between two stats calls (a stalled controller must not grow the actor without bound)."""
@@ -44,6 +45,7 @@ def reward_options(cfg: Config) -> dict:
 
 class RewardWorker:
     def __init__(self, worker_id: int, cfg: Config, buffer) -> None:
+        pin_to_cores(cfg.reward.cpu_affinity)  # the scoring child inherits it
         self.id, self.cfg, self.buffer = worker_id, cfg, buffer
         self.proc = ScoringProcess(cfg.task.reward, reward_options(cfg), cfg.task.reward_timeout_s)
         traits = self.proc.traits

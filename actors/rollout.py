@@ -115,6 +115,9 @@ SCORING_TRIES = 6
 """Hand-overs of one group to the reward pool (the first and retries 2, 4, 8, 16 s apart, to the next actor each
 time) before it is recorded as dropped_error: enough for Ray to restart a reward actor that died."""
 
+SCORING_CHECK_S = 0.02
+"""How often the loop collects the reward pool's answers (a `ray.wait` over every group in scoring: not every engine step)."""
+
 REWARD_THREADS = 4
 """Threads per worker for reward calls; a timed-out call holds one until it returns (see RewardRunner)."""
 
@@ -264,13 +267,14 @@ class RolloutWorker:
             self.counters.loop_s += time.monotonic() - started
 
     def _loop_steps(self) -> None:
-        next_admit = 0.0
+        next_admit = next_check = 0.0
         while not self.stop_flag.is_set() and self.error is None:
             while not self.updates.empty():
                 self._apply(self.updates.get())
             next_admit = self._admit(next_admit)
-            if self.scoring or self.retries:
+            if (self.scoring or self.retries) and time.monotonic() >= next_check:
                 self._check_scoring()
+                next_check = time.monotonic() + SCORING_CHECK_S
             if self.engine.has_unfinished():
                 self._step()
             else:

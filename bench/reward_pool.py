@@ -1,14 +1,14 @@
 """Generation against a slow reward: rollout tokens/s with scoring in the rollout loop and with the reward pool.
 
 The rollout side of the default job, for real: one RolloutWorker (vLLM, pinned to core 0), the ReplayBuffer and,
-where asked, RewardWorker actors, on a local Ray cluster. The learner is replaced by a consumer that takes each
+where asked, RewardWorker actors (pinned to core 1, where the learner would be), on a local Ray cluster. The learner is replaced by a consumer that takes each
 batch as soon as it is full, so that generation, not training, sets the pace and what the reward stage costs
 generation shows undiluted (no weights move; the staleness bound is lifted). The slow reward is
 `tests.reward_fns.sleepy_batched`: exact match after 100 ms per call, a batched reward (one call scores a batch;
 in the rollout loop it is called once per sample).
 
     .venv/bin/python bench/reward_pool.py                 # ~4 min on 2 cores
-    .venv/bin/python bench/reward_pool.py --seconds 60
+    .venv/bin/python bench/reward_pool.py --seconds 60 --batch-size 64
 
 Writes bench/results/reward_pool.{md,json}. Target: the pool with the slow reward keeps >= 0.9 of the tokens/s
 of the instant reward; scoring it in the loop falls far below.
@@ -46,10 +46,10 @@ VARIANTS = [  # (name, reward, reward workers)
 ]
 
 
-def measure(reward: str, workers: int, model_dir: str, seconds: float, tmp: Path) -> dict:
+def measure(reward: str, workers: int, model_dir: str, seconds: float, tmp: Path, batch_size: int, capacity: int) -> dict:
     cfg = load_config(ROOT / "configs/default.yaml", [
-        f"task.reward={reward}", f"reward.num_workers={workers}", "reward.num_cpus=0.25", "reward.batch_size=64",
-        "buffer.max_staleness=1000000", "buffer.capacity_groups=32", "logging.wandb=false",
+        f"task.reward={reward}", f"reward.num_workers={workers}", "reward.num_cpus=0.25", "reward.cpu_affinity=[1]", f"reward.batch_size={batch_size}",
+        "buffer.max_staleness=1000000", f"buffer.capacity_groups={capacity}", "logging.wandb=false",
     ])
     buffer = ray.remote(ReplayBuffer).options(num_cpus=0).remote(cfg, str(tmp / f"traj-{reward}-{workers}"))
     pool = RewardPool(cfg, None, buffer) if workers else None
@@ -97,6 +97,10 @@ def table(rows: list[dict]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=40.0, help="measured seconds per variant (after 10 s of warm-up)")
+    parser.add_argument("--batch-size", type=int, default=128, help="reward.batch_size: at 100 ms a call, 2 actors score up to "
+                        "2 x this / 0.1 s samples a second, which must exceed what the engine generates")
+    parser.add_argument("--capacity", type=int, default=64, help="buffer.capacity_groups (the default job's): groups being "
+                        "scored count against it, so it must cover what generation produces during a reward's latency")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     parser.add_argument("--name", default="reward_pool")
     args = parser.parse_args()
@@ -107,11 +111,13 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for name, reward, workers in VARIANTS:
-            rows.append({"variant": name, **measure(reward, workers, model_dir, args.seconds, Path(tmp))})
+            rows.append({"variant": name, **measure(reward, workers, model_dir, args.seconds, Path(tmp), args.batch_size, args.capacity)})
             print(f"{name}: {rows[-1]['tokens_per_s']:,.0f} tokens/s", flush=True)
     ray.shutdown()
     slow_pool, slow_loop = rows[2]["tokens_per_s"] / rows[0]["tokens_per_s"], rows[3]["tokens_per_s"] / rows[0]["tokens_per_s"]
-    text = (f"Reward pool: the default job's rollout side, {args.seconds:.0f} s per variant, batches taken as soon as they are full\n"
+    text = (f"Reward pool: the default job's rollout side, {args.seconds:.0f} s per variant, reward.batch_size {args.batch_size}, "
+            f"buffer.capacity_groups {args.capacity}, "
+            f"batches taken as soon as they are full\n"
             f"(`bench/reward_pool.py {' '.join(sys.argv[1:])}`)\n\n{table(rows)}\n\n"
             f"100 ms reward: pool {slow_pool:.2f}x of the instant reward's tokens/s (target >= 0.9), in the loop {slow_loop:.2f}x\n")
     publish(args.out, args.name, text, {"args": {k: str(v) for k, v in vars(args).items()}, "rows": rows})

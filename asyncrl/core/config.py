@@ -113,6 +113,8 @@ class RewardConfig(_Section):
     """Ray GPUs reserved per reward actor (task.reward=reward_model runs its model there)."""
     resources: dict[str, float] = Field(default_factory=dict)
     """Custom Ray resources each reward actor needs (e.g. {reward_node: 1})."""
+    cpu_affinity: list[int] = Field(default_factory=list)
+    """Cores to pin each reward actor (and its scoring process) to (empty: no pinning)."""
     batch_size: int = Field(32, ge=1)
     """Most samples in one call of a batched reward (per-sample rewards are called one by one, in the same child process)."""
     batch_wait_s: float = Field(0.02, ge=0)
