@@ -16,8 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import time
+import zlib
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+
+import ray
 
 from asyncrl.core.config import Config
 from asyncrl.core.messages import GroupScored, RewardStats
@@ -26,8 +30,24 @@ from asyncrl.core.scoring import RewardCache, Scored, ScoringProcess, cache_key
 from asyncrl.core.tasks import Prompt
 from asyncrl.core.util import pin_to_cores
 
+SCORING_TRIES = 6
+"""Hand-overs of one group to the reward pool (the first and retries 2, 4, 8, 16 s apart, to the next actor each
+time) before it is recorded as dropped_error: enough for Ray to restart a reward actor that died."""
+
+SCORING_CHECK_S = 0.02
+"""How often the loop collects the reward pool's answers (a `ray.wait` over every group in scoring: not every engine step)."""
+
 LATENCY_LIMIT = 100_000
 """Latencies kept between two stats calls (a stalled controller must not grow the actor without bound)."""
+
+
+@dataclass
+class _HandOff:
+    """A finished group given to the reward pool: its records, its prompt, its actor and the tries so far."""
+    records: list[dict]
+    prompt: Prompt
+    route: int
+    tries: int = 0
 
 
 @dataclass
@@ -61,8 +81,6 @@ class RewardWorker:
         self.batcher: asyncio.Task | None = None
 
     def node_id(self) -> str:
-        import ray
-
         return ray.get_runtime_context().get_node_id()
 
     async def score(self, group: list[dict], prompt: Prompt) -> GroupScored:
@@ -201,3 +219,84 @@ def _apply(group: list[dict], results: list[Scored]) -> list[str]:
         for record, res in zip(group, results):
             record.update(status=Status.DROPPED_ERROR.value, status_reason=res.error or "a sample of its group failed")
     return failures
+
+
+class RewardClient:
+    """A rollout worker's side of the pool: hand finished groups over, take the answers, and hand a group over
+    again when its reward actor died or was restarting. Delivery is idempotent (the buffer ignores a group it
+    has), so a group the dead actor had delivered is not trained twice; after SCORING_TRIES the group is recorded
+    as dropped_error. `put` and `count_failures` are the rollout worker's (its buffer hand-off and its
+    consecutive-failure rule); `counters` are its WorkerCounters."""
+
+    def __init__(self, scorers: list, counters, put: Callable[[list[dict]], None], count_failures: Callable[[bool, str], None]) -> None:
+        self.scorers, self.counters, self._put, self._count_reward_failures = scorers, counters, put, count_failures
+        self.scoring: dict = {}  # a score call in flight -> what was handed over
+        self.retries: list[tuple[float, _HandOff]] = []  # (when, hand-over) to send again after its actor failed
+
+    def __len__(self) -> int:
+        """Groups handed over and not yet delivered (in flight or waiting to be sent again)."""
+        return len(self.scoring) + len(self.retries)
+
+    def hand_off(self, records: list[dict], prompt: Prompt) -> None:
+        """Give a finished group to its prompt's reward actor (so repeats of a prompt meet its cache)."""
+        self._send(_HandOff(records, prompt, route(prompt.prompt_id, len(self.scorers))))
+
+    def _send(self, hand: _HandOff) -> None:
+        scorer = self.scorers[(hand.route + hand.tries) % len(self.scorers)]  # a retry goes to the next actor
+        self.scoring[scorer.score.remote(hand.records, hand.prompt)] = hand
+
+    def check(self, timeout_s: float = 0.0) -> None:
+        """Take the answers of the reward actors that delivered their groups; send again, after a back-off and to
+        the next actor, a group whose call failed because its actor died or is restarting."""
+        now = time.monotonic()
+        for due, hand in [r for r in self.retries if r[0] <= now]:
+            self.retries.remove((due, hand))
+            self._send(hand)
+        if not self.scoring:
+            return
+        done, _ = ray.wait(list(self.scoring), num_returns=len(self.scoring), timeout=timeout_s)
+        for ref in done:
+            hand = self.scoring.pop(ref)
+            try:
+                result = ray.get(ref)
+            except ray.exceptions.RayActorError as exc:
+                self._failed(hand, f"its reward actor died before delivering it ({type(exc).__name__}, {hand.tries + 1} tries)")
+                continue
+            if result.duplicate:
+                continue
+            timeouts = sum(f.startswith("reward timed out") for f in result.failures)
+            self.counters.reward_timeouts += timeouts
+            self.counters.reward_errors += len(result.failures) - timeouts
+            self._count_reward_failures(result.all_failed, result.failures[-1] if result.failures else "")
+
+    def _failed(self, hand: _HandOff, reason: str) -> None:
+        hand.tries += 1
+        if hand.tries < SCORING_TRIES:
+            self.counters.scoring_retries += 1
+            self.retries.append((time.monotonic() + min(2.0 ** hand.tries, 30.0), hand))
+            return
+        for r in hand.records:
+            r.update(status=Status.DROPPED_ERROR.value, status_reason=reason, t_scored=time.time())
+        self.counters.reward_errors += len(hand.records)
+        self._put(hand.records)
+        self._count_reward_failures(True, reason)
+
+    def finish(self, timeout_s: float) -> list[dict]:
+        """At stop: wait up to `timeout_s` for the groups being scored (or waiting to be sent again); those still
+        there are returned, marked aborted."""
+        deadline = time.monotonic() + timeout_s
+        while (self.scoring or self.retries) and time.monotonic() < deadline:
+            self.check(min(1.0, deadline - time.monotonic()))
+            if not self.scoring:
+                time.sleep(0.05)
+        records = [r for hand in [*self.scoring.values(), *(h for _, h in self.retries)] for r in hand.records]
+        for r in records:
+            r.update(status=Status.ABORTED_AT_END.value, status_reason="run stopped while its group was being scored")
+        self.scoring.clear()
+        self.retries.clear()
+        return records
+
+
+def route(prompt_id: str, n: int) -> int:
+    """The reward actor of a prompt: the same one every time (its cache sees the prompt's repeats), spread evenly."""
+    return zlib.crc32(prompt_id.encode()) % n

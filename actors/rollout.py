@@ -57,7 +57,6 @@ import dataclasses
 import queue
 import threading
 import time
-import zlib
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -65,10 +64,11 @@ import ray
 
 from actors.engine import Finished
 from actors.engines import make_engine
+from actors.reward import SCORING_CHECK_S, RewardClient
 from asyncrl.core.config import Config
 from asyncrl.core.messages import GroupId, LoadReport, WorkerCounters, WorkerStats, group_of
 from asyncrl.core.schema import Status, new_sample
-from asyncrl.core.scoring import per_sample
+from asyncrl.core.reward_traits import per_sample
 from asyncrl.core.tasks import Prompt, RewardRunner, RewardThreadsStuck, RewardTimeout, encode_prompt, make_reward, make_task
 from asyncrl.core.util import pin_to_cores
 
@@ -90,15 +90,6 @@ class _Group:
 
 
 @dataclass
-class _HandOff:
-    """A finished group given to the reward pool: its records, its prompt, its actor and the tries so far."""
-    records: list[dict]
-    prompt: Prompt
-    route: int
-    tries: int = 0
-
-
-@dataclass
 class _Update:
     version: int
     payload: object = None  # what the learner's end of the weight transport sent with the version (broadcast: None)
@@ -110,13 +101,6 @@ class _Update:
 
 TRACE_LIMIT = 200_000
 """Engine steps kept between two drains, the newest (a stalled controller must not grow the worker without bound)."""
-
-SCORING_TRIES = 6
-"""Hand-overs of one group to the reward pool (the first and retries 2, 4, 8, 16 s apart, to the next actor each
-time) before it is recorded as dropped_error: enough for Ray to restart a reward actor that died."""
-
-SCORING_CHECK_S = 0.02
-"""How often the loop collects the reward pool's answers (a `ray.wait` over every group in scoring: not every engine step)."""
 
 REWARD_THREADS = 4
 """Threads per worker for reward calls; a timed-out call holds one until it returns (see RewardRunner)."""
@@ -143,8 +127,6 @@ class RolloutWorker:
         self.prompts = task.train_prompts(seed=cfg.run.seed * 1000 + worker_id, start=start_cursor)
         timeout_s = cfg.task.reward_timeout_s
         self.scorers = scorers or []
-        self.scoring: dict = {}  # a reward actor's score call in flight -> what was handed over
-        self.retries: list[tuple[float, _HandOff]] = []  # (when, hand-over) to send again after its actor failed
         self.reward = None if self.scorers else RewardRunner(per_sample(make_reward(cfg.task.reward)), timeout_s, REWARD_THREADS, f"reward-w{worker_id}")
         self.max_reward_failures = cfg.task.max_consecutive_reward_failures
         self.reward_failures = 0  # groups in a row whose every sample failed scoring
@@ -155,6 +137,7 @@ class RolloutWorker:
         self.stop_flag = threading.Event()
         self.thread: threading.Thread | None = None
         self.counters = WorkerCounters()
+        self.pool = RewardClient(self.scorers, self.counters, self._put, self._count_reward_failures) if self.scorers else None
         self.pending_puts: list = []
         self.trace: deque[tuple[float, int]] = deque(maxlen=TRACE_LIMIT)  # (wall time, requests in the engine) per engine step
         self.admission = None  # the buffer.admit call in flight, if any
@@ -195,7 +178,7 @@ class RolloutWorker:
 
     def stats(self) -> WorkerStats:
         return WorkerStats(**dataclasses.asdict(self.counters), worker_id=self.id, version=self.version,
-                           inflight_groups=len(self.inflight), scoring_groups=len(self.scoring) + len(self.retries),
+                           inflight_groups=len(self.inflight), scoring_groups=len(self.pool) if self.pool else 0,
                            reward_threads_stuck=self.reward.stuck if self.reward else 0, error=self.error)
 
     def stop(self) -> WorkerStats:
@@ -210,7 +193,8 @@ class RolloutWorker:
         self._keep_partial(self.engine.abort(list(self._request_ids())))  # recorded with the aborted samples
         records = [s for g in self.inflight.values() for s in self._abort_records(g)]
         self.inflight.clear()
-        records += self._finish_scoring(self.cfg.task.reward_timeout_s * 2 + 30)
+        if self.pool:
+            records += self.pool.finish(self.cfg.task.reward_timeout_s * 2 + 30)
         ray.get(self.pending_puts + [self.buffer.record_final.remote(records)])
         self.pending_puts = []
         return self.stats()
@@ -272,8 +256,8 @@ class RolloutWorker:
             while not self.updates.empty():
                 self._apply(self.updates.get())
             next_admit = self._admit(next_admit)
-            if (self.scoring or self.retries) and time.monotonic() >= next_check:
-                self._check_scoring()
+            if self.pool and time.monotonic() >= next_check:
+                self.pool.check()
                 next_check = time.monotonic() + SCORING_CHECK_S
             if self.engine.has_unfinished():
                 self._step()
@@ -449,64 +433,7 @@ class RolloutWorker:
         """Give the finished group to its reward actor (by prompt, so repeats of a prompt meet its cache) and go on."""
         records = [self._record(group, sample_id, out.token_ids, out.logprobs, version_end, t_gen, out.finish_reason)
                    for sample_id, (out, version_end, t_gen) in sorted(group.done.items())]
-        self._send(_HandOff(records, group.prompt, route(group.prompt.prompt_id, len(self.scorers))))
-
-    def _send(self, hand: _HandOff) -> None:
-        scorer = self.scorers[(hand.route + hand.tries) % len(self.scorers)]  # a retry goes to the next actor
-        self.scoring[scorer.score.remote(hand.records, hand.prompt)] = hand
-
-    def _check_scoring(self, timeout_s: float = 0.0) -> None:
-        """Take the answers of the reward actors that delivered their groups. A call that failed because its actor
-        died or is restarting is sent again, after a back-off, to the next actor: delivery is idempotent (the buffer
-        ignores a group it has), so a group the dead actor had delivered is not trained twice. After
-        SCORING_TRIES the group is recorded here as dropped_error."""
-        now = time.monotonic()
-        for due, hand in [r for r in self.retries if r[0] <= now]:
-            self.retries.remove((due, hand))
-            self._send(hand)
-        if not self.scoring:
-            return
-        done, _ = ray.wait(list(self.scoring), num_returns=len(self.scoring), timeout=timeout_s)
-        for ref in done:
-            hand = self.scoring.pop(ref)
-            try:
-                result = ray.get(ref)
-            except ray.exceptions.RayActorError as exc:
-                self._scoring_failed(hand, f"its reward actor died before delivering it ({type(exc).__name__}, {hand.tries + 1} tries)")
-                continue
-            if result.duplicate:
-                continue
-            timeouts = sum(f.startswith("reward timed out") for f in result.failures)
-            self.counters.reward_timeouts += timeouts
-            self.counters.reward_errors += len(result.failures) - timeouts
-            self._count_reward_failures(result.all_failed, result.failures[-1] if result.failures else "")
-
-    def _scoring_failed(self, hand: _HandOff, reason: str) -> None:
-        hand.tries += 1
-        if hand.tries < SCORING_TRIES:
-            self.counters.scoring_retries += 1
-            self.retries.append((time.monotonic() + min(2.0 ** hand.tries, 30.0), hand))
-            return
-        for r in hand.records:
-            r.update(status=Status.DROPPED_ERROR.value, status_reason=reason, t_scored=time.time())
-        self.counters.reward_errors += len(hand.records)
-        self._put(hand.records)
-        self._count_reward_failures(True, reason)
-
-    def _finish_scoring(self, timeout_s: float) -> list[dict]:
-        """At stop: wait up to `timeout_s` for the groups being scored (or waiting to be sent again); those still
-        there are returned, marked aborted."""
-        deadline = time.monotonic() + timeout_s
-        while (self.scoring or self.retries) and time.monotonic() < deadline:
-            self._check_scoring(min(1.0, deadline - time.monotonic()))
-            if not self.scoring:
-                time.sleep(0.05)
-        records = [r for hand in [*self.scoring.values(), *(h for _, h in self.retries)] for r in hand.records]
-        for r in records:
-            r.update(status=Status.ABORTED_AT_END.value, status_reason="run stopped while its group was being scored")
-        self.scoring.clear()
-        self.retries.clear()
-        return records
+        self.pool.hand_off(records, group.prompt)
 
     def _score(self, group: _Group) -> list[dict]:
         records, failed = [], []
@@ -593,11 +520,6 @@ class RolloutWorker:
 
     def _decode(self, ids: list[int]) -> str:
         return self.engine.tokenizer.decode(ids, skip_special_tokens=True)
-
-
-def route(prompt_id: str, n: int) -> int:
-    """The reward actor of a prompt: the same one every time (its cache sees the prompt's repeats), spread evenly."""
-    return zlib.crc32(prompt_id.encode()) % n
 
 
 def _joined(kept: Finished | None, out: Finished) -> Finished:

@@ -6,7 +6,7 @@ import subprocess
 import sys
 import time
 
-from asyncrl.core.scoring import reward
+from asyncrl.core.reward_traits import reward
 from asyncrl.core.tasks import exact_match
 
 

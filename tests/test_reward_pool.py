@@ -254,9 +254,9 @@ def test_groups_held_by_a_reward_actor_that_dies_are_handed_over_again_and_score
     deadline = time.monotonic() + 120
     while ray.get(buffer.stats.remote())["buffered_groups"] < 1 and time.monotonic() < deadline:  # the actor scores
         time.sleep(0.01)
-    while len(worker.scoring) < 3 and time.monotonic() < deadline:  # groups queue up: 100 ms per call of 2 samples
+    while len(worker.pool.scoring) < 3 and time.monotonic() < deadline:  # groups queue up: 100 ms per call of 2 samples
         time.sleep(0.01)
-    held = {hand.records[0]["group_id"] for hand in list(worker.scoring.values())}
+    held = {hand.records[0]["group_id"] for hand in list(worker.pool.scoring.values())}
     assert len(held) >= 3
     ray.kill(pool.actors[0], no_restart=False)  # its process dies with the groups it held; Ray starts it again
     deadline = time.monotonic() + 180

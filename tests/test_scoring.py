@@ -6,7 +6,8 @@ import time
 
 import pytest
 
-from asyncrl.core.scoring import RewardCache, RewardTraits, ScoringProcess, cache_key, per_sample, percentile, reward, traits_of
+from asyncrl.core.reward_traits import RewardTraits, per_sample, reward, traits_of
+from asyncrl.core.scoring import RewardCache, ScoringProcess, cache_key, percentile
 from asyncrl.core.tasks import Prompt, exact_match
 
 P = Prompt("p0", "1+1=", "2")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-from asyncrl.core.scoring import reward
+from asyncrl.core.reward_traits import reward
 from asyncrl.core.tasks import Prompt
 
 

@@ -1,8 +1,6 @@
-"""Scoring outside the caller's process: reward specs, a result cache, and a child process that can be killed.
+"""Scoring outside the caller's process: a result cache, and a child process that can be killed.
 
-A reward is a function `fn(prompt, response) -> float` (per sample) or, marked with `@reward(batched=True)`,
-`fn(prompts, responses) -> list[float]`. `@reward` also says whether the function is deterministic (only then is
-its result cached) and its version (part of the cache key: change it when the function changes).
+What a reward says of itself (`@reward`: batched, deterministic, version) is asyncrl.core.reward_traits'.
 
 `ScoringProcess` runs the calls in a child process of its own session, so that a call past its timeout, or one
 that kills its process, is ended for good: the whole process group is killed (SIGKILL), the samples it held get
@@ -21,36 +19,8 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from asyncrl.core.reward_traits import RewardTraits, traits_of
 from asyncrl.core.tasks import Prompt, make_reward
-
-
-def reward(batched: bool = False, deterministic: bool = True, version: str = "1") -> Callable:
-    """Mark a reward function: `batched` takes lists and returns one float per pair; a non-deterministic one is
-    never cached; `version` is part of the cache key."""
-    def mark(fn: Callable) -> Callable:
-        fn.asyncrl_reward = RewardTraits(batched, deterministic, str(version))
-        return fn
-    return mark
-
-
-@dataclass(frozen=True)
-class RewardTraits:
-    batched: bool = False
-    deterministic: bool = True
-    version: str = "1"
-
-
-def traits_of(fn: Callable) -> RewardTraits:
-    """What `@reward` said of `fn` (an unmarked function is per-sample, deterministic, version 1)."""
-    traits = getattr(fn, "asyncrl_reward", None)  # an attribute users set through @reward, not a duck-typing guess
-    return traits if isinstance(traits, RewardTraits) else RewardTraits()
-
-
-def per_sample(fn: Callable) -> Callable[[Prompt, str], float]:
-    """`fn` as `(prompt, response) -> float`: a batched reward is called with one pair."""
-    if not traits_of(fn).batched:
-        return fn
-    return lambda prompt, response: fn([prompt], [response])[0]
 
 
 def cache_key(reward_name: str, version: str, prompt: Prompt, response: str) -> str:
