@@ -15,6 +15,7 @@ trained. Every request carries its sample ids: a group handed over twice is scor
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 import zlib
 from collections.abc import Callable
@@ -148,22 +149,23 @@ class RewardWorker:
         s = self.stats_
         s.batches += 1
         s.batched_samples += len(batch)
+        if not self.cacheable:  # every sample is scored: repeats are not shared
+            s.cache_misses += len(batch)
+            await self._call({str(i): [item] for i, item in enumerate(batch)})
+            return
         todo: dict[str, list[_Item]] = {}  # key -> the items that share it (repeats in one batch are scored once)
         for item in batch:
             key = cache_key(self.cfg.task.reward, self.version, item.prompt, item.response)
-            value = self.cache.get(key) if self.cacheable and key not in todo else None
+            value = None if key in todo else self.cache.get(key)
             if value is not None:
                 self._finish(item, Scored(value=value))
                 s.cache_hits += 1
             elif key in todo:
                 todo[key].append(item)
-                s.cache_hits += int(self.cacheable)
-                s.cache_misses += int(not self.cacheable)
+                s.cache_hits += 1
             else:
                 todo[key] = [item]
                 s.cache_misses += 1
-        if not self.cacheable:  # every sample is scored: repeats are not shared
-            todo = {f"{k}#{i}": [it] for k, items in todo.items() for i, it in enumerate(items)}
         if todo:
             await self._call(todo)
 
@@ -196,8 +198,7 @@ class RewardWorker:
         """Running totals, and the latencies since the last call (drained)."""
         latencies, self.latencies = self.latencies, []
         depth = (self.queue.qsize() if self.queue is not None else 0) + self.in_batch
-        return RewardStats(**{**self.stats_.__dict__, "wall_s": time.monotonic() - self.t0, "queue_depth": depth,
-                              "latencies": tuple(latencies)})
+        return dataclasses.replace(self.stats_, wall_s=time.monotonic() - self.t0, queue_depth=depth, latencies=tuple(latencies))
 
     async def child_pid(self) -> int | None:
         """The scoring child's process id (None when none runs): for tests that check nothing is left."""

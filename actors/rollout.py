@@ -37,8 +37,8 @@ Faults are counted drops, not crashes; every sample still ends in one status:
 - A reward call that raises, or runs past `task.reward_timeout_s`, drops its
   group as dropped_error (`reward_errors`, `reward_timeouts`). With a reward
   pool (actors/reward.py) the call runs in a child process that is killed at
-  the timeout, and a group whose reward actor died is recorded here. In the
-  loop, rewards run on
+  the timeout, and a group whose reward actor died is handed over again
+  (RewardClient). In the loop, rewards run on
   a few daemon threads (asyncrl.core.tasks.RewardRunner) and the loop waits for each
   call up to the timeout; a timed-out call cannot be killed and keeps its
   thread, so once all of them are held the worker reports an error.
@@ -126,8 +126,7 @@ class RolloutWorker:
         task = make_task(cfg.task, cfg.run.seed)
         self.prompts = task.train_prompts(seed=cfg.run.seed * 1000 + worker_id, start=start_cursor)
         timeout_s = cfg.task.reward_timeout_s
-        self.scorers = scorers or []
-        self.reward = None if self.scorers else RewardRunner(per_sample(make_reward(cfg.task.reward)), timeout_s, REWARD_THREADS, f"reward-w{worker_id}")
+        self.reward = None if scorers else RewardRunner(per_sample(make_reward(cfg.task.reward)), timeout_s, REWARD_THREADS, f"reward-w{worker_id}")
         self.max_reward_failures = cfg.task.max_consecutive_reward_failures
         self.reward_failures = 0  # groups in a row whose every sample failed scoring
         self.version = 0
@@ -137,7 +136,7 @@ class RolloutWorker:
         self.stop_flag = threading.Event()
         self.thread: threading.Thread | None = None
         self.counters = WorkerCounters()
-        self.pool = RewardClient(self.scorers, self.counters, self._put, self._count_reward_failures) if self.scorers else None
+        self.pool = RewardClient(scorers, self.counters, self._put, self._count_reward_failures) if scorers else None
         self.pending_puts: list = []
         self.trace: deque[tuple[float, int]] = deque(maxlen=TRACE_LIMIT)  # (wall time, requests in the engine) per engine step
         self.admission = None  # the buffer.admit call in flight, if any
@@ -178,7 +177,7 @@ class RolloutWorker:
 
     def stats(self) -> WorkerStats:
         return WorkerStats(**dataclasses.asdict(self.counters), worker_id=self.id, version=self.version,
-                           inflight_groups=len(self.inflight), scoring_groups=len(self.pool) if self.pool else 0,
+                           inflight_groups=len(self.inflight), scoring_groups=len(self.pool) if self.pool is not None else 0,
                            reward_threads_stuck=self.reward.stuck if self.reward else 0, error=self.error)
 
     def stop(self) -> WorkerStats:
@@ -193,7 +192,7 @@ class RolloutWorker:
         self._keep_partial(self.engine.abort(list(self._request_ids())))  # recorded with the aborted samples
         records = [s for g in self.inflight.values() for s in self._abort_records(g)]
         self.inflight.clear()
-        if self.pool:
+        if self.pool is not None:
             records += self.pool.finish(self.cfg.task.reward_timeout_s * 2 + 30)
         ray.get(self.pending_puts + [self.buffer.record_final.remote(records)])
         self.pending_puts = []
@@ -210,8 +209,8 @@ class RolloutWorker:
                 raise ValueError(f"eval prompt {p.prompt_id!r}: {exc}") from exc
         outs = self.engine.greedy(ids, self.cfg.rollout.max_new_tokens)
         responses = [self._decode(o) for o in outs]
-        if self.scorers:
-            return ray.get(self.scorers[0].score_texts.remote(prompts, responses))
+        if self.pool is not None:
+            return ray.get(self.pool.scorers[0].score_texts.remote(prompts, responses))
         return [self.reward(p, r) for p, r in zip(prompts, responses)]
 
     def sample(self, texts: list[str]) -> list[dict]:
@@ -256,7 +255,7 @@ class RolloutWorker:
             while not self.updates.empty():
                 self._apply(self.updates.get())
             next_admit = self._admit(next_admit)
-            if self.pool and time.monotonic() >= next_check:
+            if self.pool is not None and time.monotonic() >= next_check:
                 self.pool.check()
                 next_check = time.monotonic() + SCORING_CHECK_S
             if self.engine.has_unfinished():
@@ -417,8 +416,8 @@ class RolloutWorker:
             if len(group.done) == self.cfg.rollout.group_size:
                 del self.inflight[group_id]
                 self.counters.groups_done += 1
-                if self.scorers:
-                    self._hand_off(group)
+                if self.pool is not None:
+                    self.pool.hand_off(self._group_records(group), group.prompt)
                 else:
                     self._put(self._score(group))
 
@@ -429,16 +428,14 @@ class RolloutWorker:
             ray.get(self.pending_puts)
             self.pending_puts = []
 
-    def _hand_off(self, group: _Group) -> None:
-        """Give the finished group to its reward actor (by prompt, so repeats of a prompt meet its cache) and go on."""
-        records = [self._record(group, sample_id, out.token_ids, out.logprobs, version_end, t_gen, out.finish_reason)
-                   for sample_id, (out, version_end, t_gen) in sorted(group.done.items())]
-        self.pool.hand_off(records, group.prompt)
+    def _group_records(self, group: _Group) -> list[dict]:
+        """A finished group's records, by sample id, not yet scored."""
+        return [self._record(group, sample_id, out.token_ids, out.logprobs, version_end, t_gen, out.finish_reason)
+                for sample_id, (out, version_end, t_gen) in sorted(group.done.items())]
 
     def _score(self, group: _Group) -> list[dict]:
-        records, failed = [], []
-        for sample_id, (out, version_end, t_gen) in sorted(group.done.items()):
-            record = self._record(group, sample_id, out.token_ids, out.logprobs, version_end, t_gen, out.finish_reason)
+        records, failed = self._group_records(group), []
+        for record in records:
             reason = None
             try:
                 record["reward"] = self.reward(group.prompt, record["response_text"])
@@ -455,7 +452,6 @@ class RolloutWorker:
                 failed.append(reason)
                 record.update(status=Status.DROPPED_ERROR.value, status_reason=reason)
             record["t_scored"] = time.time()
-            records.append(record)
         if failed:  # GRPO needs whole groups: one failure drops the group
             for r in records:
                 r.update(status=Status.DROPPED_ERROR.value, status_reason=r["status_reason"] or "a sample of its group failed")

@@ -126,7 +126,7 @@ class RewardConfig(_Section):
     model_path: str = ""
     """task.reward=reward_model: the local directory of a Hugging Face sequence-classification model (one label)."""
     max_restarts: int = Field(3, ge=0)
-    """Times Ray restarts a reward actor whose process died; the groups it held are recorded as dropped_error."""
+    """Times Ray restarts a reward actor whose process died; the rollout workers hand the groups it held over again (to the next actor)."""
 
 
 class BufferConfig(_Section):

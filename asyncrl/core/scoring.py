@@ -136,7 +136,6 @@ class ScoringProcess:
     def __init__(self, reward_name: str, options: dict, timeout_s: float) -> None:
         self.reward_name, self.options, self.timeout_s = reward_name, options, timeout_s
         self.traits = reward_traits(reward_name)
-        self.batched = self.traits.batched
         self.ctx = mp.get_context("spawn")  # never fork a process that runs threads (a Ray actor does)
         self.proc = None
         self.conn = None
@@ -193,14 +192,14 @@ class ScoringProcess:
 
     def _receive(self, todo: list[int], out: list[Scored]) -> list[int]:
         """Read the child's answers for `todo`; returns the indices left to send again (after a killed child)."""
-        expected = 1 if self.batched else len(todo)
+        expected = 1 if self.traits.batched else len(todo)
         deadline = time.monotonic() + self.timeout_s
         for _ in range(expected):
             reply, why = self._next_reply(deadline)
             if reply is None:
                 done = {i for i, s in enumerate(out) if s.value is not None or s.error is not None}
                 left = [i for i in todo if i not in done]
-                culprits = left if self.batched else left[:1]  # per sample: the one it was scoring
+                culprits = left if self.traits.batched else left[:1]  # per sample: the one it was scoring
                 for i in culprits:
                     out[i] = Scored(error=why)
                 self.close()
