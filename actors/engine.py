@@ -11,6 +11,7 @@ same methods (actors/sglang_engine.py), and actors/engines.py picks one (rollout
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import time
@@ -125,6 +126,10 @@ class VLLMEngine:
         partial = [self.latest.pop(rid, None) for rid in request_ids]
         return [dataclasses.replace(_finished(out), finish_reason="abort") if out is not None else Finished(rid, [], [], "abort")
                 for rid, out in zip(request_ids, partial)]
+
+    def paused(self):
+        """A context in which nothing generates, so `generated` stays exact: this engine runs only when stepped."""
+        return contextlib.nullcontext()
 
     def init_weight_sync(self, host: str, port: int, rank: int, world: int, transport: list, meta: list, bucket_bytes: int):
         return self.llm.collective_rpc("asyncrl_init_weight_sync", args=(host, port, rank, world, list(transport), meta, bucket_bytes))

@@ -189,7 +189,7 @@ class RolloutWorker:
         if self.admission is not None:  # groups admitted as the loop stopped: started and recorded as aborted with the rest
             self._start_groups(ray.get(self.admission))
             self.admission = None
-        self._keep_partial(self.engine.abort(list(self._request_ids())))  # recorded with the aborted samples
+        self._keep_partial(self._abort(list(self._request_ids())))  # recorded with the aborted samples
         records = [s for g in self.inflight.values() for s in self._abort_records(g)]
         self.inflight.clear()
         if self.pool is not None:
@@ -319,22 +319,24 @@ class RolloutWorker:
         started = time.monotonic()
         if mode == "drain":
             self._drain()
-        running = list(self._request_ids())
-        if mode == "keep":  # they go on; what they sampled so far is the old version's
-            for sample_id in running:
-                self._note_versions(sample_id, self.engine.generated(sample_id))
-        elif mode == "abort":
-            self.engine.abort(running)
-            for sample_id in running:
-                self.inflight[group_of(sample_id)].versions.pop(sample_id, None)
-        elif mode == "resume":
-            partial = self.engine.abort(running)
-            self._keep_partial(partial)
-            self.counters.resumed_tokens += sum(len(out.token_ids) for out in partial)
-        t0 = time.monotonic()
-        nbytes = self.engine.receive_weights(payload)
-        self.version = version
-        self.counters.weight_updates += 1
+        with self.engine.paused():  # nothing generates from here until the new weights are in
+            running = list(self._request_ids())
+            if mode == "keep":  # they go on; what they sampled so far is the old version's
+                for sample_id in running:
+                    self._note_versions(sample_id, self.engine.generated(sample_id))
+            elif mode == "abort":
+                running = [out.request_id for out in self._abort(running)]
+                for sample_id in running:
+                    self.inflight[group_of(sample_id)].versions.pop(sample_id, None)
+            elif mode == "resume":
+                partial = self._abort(running)
+                running = [out.request_id for out in partial]
+                self._keep_partial(partial)
+                self.counters.resumed_tokens += sum(len(out.token_ids) for out in partial)
+            t0 = time.monotonic()
+            nbytes = self.engine.receive_weights(payload)
+            self.version = version
+            self.counters.weight_updates += 1
         self._resubmit(running if mode in ("abort", "resume") else [])
         self.counters.update_s += time.monotonic() - started
         return LoadReport(version=version, seconds=time.monotonic() - t0, bytes=nbytes)
@@ -355,6 +357,13 @@ class RolloutWorker:
         versions = group.versions.setdefault(sample_id, [])
         kept = len(group.prefix[sample_id].token_ids) if sample_id in group.prefix else 0
         versions.extend([self.version] * (kept + generated - len(versions)))
+
+    def _abort(self, request_ids: list[str]) -> list[Finished]:
+        """Abort these requests; returns the partial outputs. One the engine had finished before the abort reached
+        it (SGLang runs between polls) is collected as finished, never resumed past its end."""
+        outs = self.engine.abort(request_ids)
+        self._collect([out for out in outs if out.finish_reason != "abort"])
+        return [out for out in outs if out.finish_reason == "abort"]
 
     def _keep_partial(self, partial: list[Finished]) -> None:
         """Append what aborted requests had sampled to their samples' kept prefix (resume; at stop, for the record)."""
@@ -475,8 +484,12 @@ class RolloutWorker:
         return records
 
     def _record(self, group: _Group, sample_id: str, ids: list[int], lps: list[float], version_end, t_gen, reason) -> dict:
+        """`version_end`: the version when it ended. A finished sample's end is its last token's version (SGLang may
+        have finished it by itself before an update the worker saw first)."""
         versions = group.versions.get(sample_id, [])[: len(ids)]
         start = versions[0] if versions else group.starts[sample_id]  # the oldest token's version
+        if versions and reason != "abort":
+            version_end = versions[-1]
         return new_sample(
             run_id=self.run_id, sample_id=sample_id, group_id=group.group_id, prompt_id=group.prompt.prompt_id,
             worker_id=self.id, prompt_text=group.prompt.text, prompt_ids=group.prompt_ids, response_ids=ids,

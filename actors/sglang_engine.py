@@ -11,9 +11,14 @@ handed to it (`_run`), so the rollout worker keeps its synchronous step loop:
   is a poll, not one forward pass).
 - `abort` asks the tokenizer manager to abort each request and waits until its answer is in: on return the
   requests are gone and their ids may be added again, as with vLLM; it returns what each had sampled.
-- `receive_weights` pauses generation in `retract` mode (running requests go back to the waiting queue and give
-  up their KV), opens a weight-update session, receives and loads every bucket, flushes the prefix cache with the
-  last one, closes the session and continues: a request still running resumes under the new weights with its KV
+- `abort` of a request that had already finished (SGLang ran it to its end before the worker polled it) returns
+  its finished output with its own finish reason, so the worker records it as finished instead of resuming it
+  past its end.
+- `paused()` pauses generation in `retract` mode (running requests go back to the waiting queue and give up
+  their KV) and waits for the chunks still on their way, so `generated` counts exactly what the old weights
+  sampled; the worker notes that (keep) and loads the weights inside it. `receive_weights` opens a
+  weight-update session, receives and loads every bucket, flushes the prefix cache with the last one and closes
+  the session; leaving `paused()` continues: a request still running resumes under the new weights with its KV
   recomputed, which is vLLM's `keep` behaviour (abort and drain leave nothing running to retract).
 
 Weights arrive over the same torch.distributed group and bucket plan as vLLM's (asyncrl.core.weights): SGLang
@@ -52,6 +57,8 @@ OVERLAY_NAME = "sglang"
 
 POLL_S = 0.01
 """How long `step` waits for a request to finish before it returns (the worker's loop runs between two polls)."""
+SETTLE_S = 0.5
+"""The longest `paused` waits for the chunks still on their way after the scheduler has paused."""
 
 
 def overlay_dir() -> Path:
@@ -124,6 +131,7 @@ class SGLangEngine:
         self.running: dict[str, concurrent.futures.Future] = {}
         self.priority = priority
         self.latest: dict[str, dict] = {}  # request id -> its newest streamed chunk (cumulative)
+        self.depth = 0  # nesting of `paused`
         self.group_name: str | None = None
         self.receiver = None
 
@@ -189,8 +197,10 @@ class SGLangEngine:
 
     def abort(self, request_ids: list[str]) -> list[Finished]:
         """Abort these requests and wait until SGLang has answered for each: on return none of them runs. Returns what
-        each had sampled (finish_reason "abort"), as streamed before it ended."""
+        each had sampled (finish_reason "abort"), as streamed before it ended; one that had reached its end by
+        itself (SGLang runs on between two polls) comes back finished, with its own reason."""
         pending = {rid: self.running.pop(rid) for rid in request_ids if rid in self.running}
+        ended: dict[str, dict] = {}
 
         async def abort(rids):
             for rid in rids:
@@ -199,14 +209,16 @@ class SGLangEngine:
         deadline = time.monotonic() + 60.0
         while pending:
             # a request whose coroutine has not reached the tokenizer manager yet ignores the abort: ask again
-            self._run(abort(list(pending)))
+            self._run(abort([rid for rid, f in pending.items() if not f.done()]))
             concurrent.futures.wait(list(pending.values()), timeout=0.2)
             for rid in [r for r, f in pending.items() if f.done()]:
-                pending.pop(rid).exception()  # an aborted request may end in an error; it is dropped either way
+                out = _ended_by_itself(pending.pop(rid))
+                if out is not None:
+                    ended[rid] = out
             if time.monotonic() > deadline:
                 raise RuntimeError(f"SGLang did not abort requests {sorted(pending)[:4]} within 60 s")
-        partial = [self.latest.pop(rid, None) for rid in request_ids]
-        return [Finished(rid, *_tokens(chunk), "abort") for rid, chunk in zip(request_ids, partial)]
+        partial = {rid: self.latest.pop(rid, None) for rid in request_ids}
+        return [_finished(rid, ended[rid]) if rid in ended else Finished(rid, *_tokens(partial[rid]), "abort") for rid in request_ids]
 
     def greedy(self, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
         return [f.token_ids for f in self.sample(prompts, {"temperature": 0.0, "max_new_tokens": max_tokens})]
@@ -282,14 +294,40 @@ class SGLangEngine:
             raise RuntimeError(f"SGLang update_weights_from_tensor: {message}")
 
     @contextlib.contextmanager
-    def _update_session(self):
-        """Generation paused (retract) and a weight-update session open around a load; both undone after it."""
-        from sglang.srt.managers.io_struct import (
-            BeginWeightUpdateReqInput, ContinueGenerationReqInput, EndWeightUpdateReqInput, PauseGenerationReqInput,
-        )
+    def paused(self):
+        """Generation paused (retract) until the context ends, with every chunk sampled before it received."""
+        from sglang.srt.managers.io_struct import ContinueGenerationReqInput, PauseGenerationReqInput
 
-        self._run(self.tm.pause_generation(PauseGenerationReqInput(mode="retract")))
+        if self.depth == 0:
+            self._run(self.tm.pause_generation(PauseGenerationReqInput(mode="retract")))
+            self._settle()
+        self.depth += 1
         try:
+            yield
+        finally:
+            self.depth -= 1
+            if self.depth == 0:
+                self._run(self.tm.continue_generation(ContinueGenerationReqInput()))
+
+    def _settle(self) -> None:
+        """Wait (at most SETTLE_S) until no streamed chunk has arrived for 5 polls: the scheduler's last outputs
+        reach this process through the detokenizer, after its answer to the pause."""
+        def lengths():
+            return {rid: len(c["output_ids"]) for rid, c in list(self.latest.items())}
+
+        deadline, seen, quiet = time.monotonic() + SETTLE_S, lengths(), 0
+        while quiet < 5 and time.monotonic() < deadline:
+            time.sleep(POLL_S)
+            now = lengths()
+            quiet = quiet + 1 if now == seen else 0
+            seen = now
+
+    @contextlib.contextmanager
+    def _update_session(self):
+        """Generation paused and a weight-update session open around a load; both undone after it."""
+        from sglang.srt.managers.io_struct import BeginWeightUpdateReqInput, EndWeightUpdateReqInput
+
+        with self.paused():
             ok, message = self._run(self.tm.begin_weight_update(BeginWeightUpdateReqInput(), None))
             if not ok:
                 raise RuntimeError(f"SGLang begin_weight_update: {message}")
@@ -299,8 +337,6 @@ class SGLangEngine:
                 ok, message = self._run(self.tm.end_weight_update(EndWeightUpdateReqInput(), None))
             if not ok:
                 raise RuntimeError(f"SGLang end_weight_update: {message}")
-        finally:
-            self._run(self.tm.continue_generation(ContinueGenerationReqInput()))
 
     def shutdown(self) -> None:
         self.engine.shutdown()
@@ -314,6 +350,15 @@ def _tokens(out: dict | None) -> tuple[list[int], list[float]]:
     lps = [lp for lp, _, _ in out["meta_info"].get("output_token_logprobs") or []]
     n = min(len(out["output_ids"]), len(lps))
     return list(out["output_ids"][:n]), lps[:n]
+
+
+def _ended_by_itself(future: concurrent.futures.Future) -> dict | None:
+    """The final output of a request that stopped or ran out of budget; None for an aborted one (an aborted
+    request may also end in an error: it is dropped either way)."""
+    if future.exception() is not None:
+        return None
+    out = future.result()
+    return out if out is not None and (out["meta_info"].get("finish_reason") or {}).get("type") not in (None, "abort") else None
 
 
 def _finished(rid: str, out: dict) -> Finished:
