@@ -64,11 +64,13 @@ class VLLMEngine:
         self.tokenizer = self.llm.get_tokenizer()
         self.latest: dict[str, object] = {}  # request id -> its newest output while it runs (vLLM's cumulative kind)
 
-    def sampling_params(self, temperature: float, top_p: float, max_tokens: int):
-        """Per-request sampling, no per-request seed (a shared seed would give every request one stream)."""
+    def sampling_params(self, temperature: float, top_p: float, max_tokens: int, stop: tuple[str, ...] = ()):
+        """Per-request sampling, no per-request seed (a shared seed would give every request one stream). A request
+        that ends at a `stop` string keeps every token it sampled (only vLLM's text is cut)."""
         from vllm import SamplingParams
 
-        return SamplingParams(temperature=temperature, top_p=top_p, max_tokens=max_tokens, logprobs=0)
+        return SamplingParams(temperature=temperature, top_p=top_p, max_tokens=max_tokens, logprobs=0,
+                              stop=list(stop) or None, include_stop_str_in_output=True)
 
     def warm_up(self, params, prompt_ids: list[int], n: int = 2) -> float:
         """Generate `n` throw-away samples with `params`; returns the seconds it took.

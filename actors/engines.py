@@ -9,13 +9,14 @@ from actors.engine import VLLMEngine
 
 
 def make_engine(engine: str, model_path: str, dtype: str, max_model_len: int, seed: int, kv_cache_gib: float, gpu_mem: float,
-                priority: bool = False):
+                priority: bool = False, stop_strings: bool = False):
     """The engine `rollout.engine` names, with the same methods either way. `priority`: requests are scheduled by
-    the priority `add` gives them, lower values first."""
+    the priority `add` gives them, lower values first; `stop_strings`: requests may stop at strings (SGLang then
+    starts its detokenizer, which stop strings need)."""
     if engine == "sglang":
         from actors.sglang_engine import SGLangEngine
 
-        return SGLangEngine(model_path, dtype, max_model_len, seed, kv_cache_gib, gpu_mem, priority)
+        return SGLangEngine(model_path, dtype, max_model_len, seed, kv_cache_gib, gpu_mem, priority, stop_strings)
     if engine == "vllm":
         return VLLMEngine(model_path, dtype, max_model_len, seed, kv_cache_gib, gpu_mem, priority)
     raise ValueError(f"rollout.engine={engine!r}: expected vllm or sglang")

@@ -25,6 +25,15 @@ what becomes of the requests still generating then:
   (`resumed_tokens` counts the tokens kept). It needs only abort and add from
   an engine (an HTTP server would do), where keep needs in-place re-prefill.
 
+With `env.name` a sample is a multi-turn episode (asyncrl.core.envs): each model turn is one engine request
+whose input is the episode's exact tokens so far; a tool call it makes runs in the tool processes
+(asyncrl.core.tools), never on this loop, and the observation is tokenised once and appended (loss mask 0)
+before the next turn is submitted. Many episodes are in flight per engine. At an update, mid-episode: keep
+lets the running turns go on; resume aborts them and continues them, keeping their tokens; abort restarts
+every unfinished episode from its first turn with a fresh environment (same seed), so all its tokens come
+from one version; drain waits until every episode in flight has ended (tool calls included). The reward is
+the environment's; a tool that times out ends its episode and drops its group as dropped_error.
+
 Every sample records the version that sampled each of its tokens
 (`token_versions`; keep and resume can give two or more), and its
 `policy_version_start` is its oldest token's (the request's start version when
@@ -57,6 +66,7 @@ import dataclasses
 import queue
 import threading
 import time
+import zlib
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -66,9 +76,11 @@ from actors.engine import Finished
 from actors.engines import make_engine
 from actors.reward import SCORING_CHECK_S, RewardClient
 from asyncrl.core.config import Config
+from asyncrl.core.envs import EpisodeLimits, EpisodeRun, make_environment, observation_ids
 from asyncrl.core.messages import GroupId, LoadReport, WorkerCounters, WorkerStats, group_of
 from asyncrl.core.schema import Status, new_sample
 from asyncrl.core.reward_traits import per_sample
+from asyncrl.core.tools import ToolPool
 from asyncrl.core.tasks import Prompt, RewardRunner, RewardThreadsStuck, RewardTimeout, encode_prompt, make_reward, make_task
 from asyncrl.core.util import pin_to_cores
 
@@ -82,7 +94,9 @@ class _Group:
     starts: dict[str, int] = field(default_factory=dict)  # sample_id -> version its current request started at
     done: dict[str, tuple[Finished, int, float]] = field(default_factory=dict)  # sample_id -> (out, version, t)
     prefix: dict[str, Finished] = field(default_factory=dict)  # sample_id -> tokens kept from aborted requests (resume)
-    versions: dict[str, list[int]] = field(default_factory=dict)  # sample_id -> version of each token sampled before the last update
+    versions: dict[str, list[int]] = field(default_factory=dict)  # sample_id -> version of each token sampled before the last update (an episode: of its current turn)
+    episodes: dict[str, EpisodeRun] = field(default_factory=dict)  # sample_id -> its episode (env.name)
+    attempts: dict[str, int] = field(default_factory=dict)  # sample_id -> restarts of its episode (abort): older tool outcomes are dropped
 
     @property
     def group_id(self) -> str:
@@ -116,17 +130,23 @@ class RolloutWorker:
         `scorers`: the reward pool's actors (none: score in this loop)."""
         pin_to_cores(cfg.rollout.cpu_affinity)
         self.id, self.cfg, self.buffer, self.run_id = worker_id, cfg, buffer, run_id
-        r = cfg.rollout
+        r, e = cfg.rollout, cfg.env
+        self.env_cls = make_environment(e.name) if e.name else None
+        self.stop = self.env_cls.stop if self.env_cls else ()
         self.engine = make_engine(
             r.engine, model_path, cfg.model.dtype, cfg.model.max_model_len, cfg.run.seed + worker_id, r.kv_cache_gib, r.gpu_memory_utilization,
-            priority=r.oldest_first,
+            priority=r.oldest_first, stop_strings=bool(self.stop),
         )
-        self.params = self.engine.sampling_params(r.temperature, r.top_p, r.max_new_tokens)
+        self.params = self.engine.sampling_params(r.temperature, r.top_p, r.max_new_tokens, self.stop)
         self.engine.warm_up(self.params, self.engine.tokenizer("1+1=").input_ids)
         task = make_task(cfg.task, cfg.run.seed)
         self.prompts = task.train_prompts(seed=cfg.run.seed * 1000 + worker_id, start=start_cursor)
         timeout_s = cfg.task.reward_timeout_s
-        self.reward = None if scorers else RewardRunner(per_sample(make_reward(cfg.task.reward)), timeout_s, REWARD_THREADS, f"reward-w{worker_id}")
+        self.tools = ToolPool(e.name, e.tool_workers, e.tool_timeout_s) if self.env_cls and self.env_cls.tools else None
+        self.limits = EpisodeLimits(e.max_turns, e.max_episode_tokens, r.max_new_tokens)
+        self.eos_ids = frozenset(i for i in (self.engine.tokenizer.eos_token_id,) if i is not None)
+        self.ready: set[str] = set()  # episodes whose next turn is due (submitted by the loop, never from inside a collect)
+        self.reward = None if scorers or self.env_cls else RewardRunner(per_sample(make_reward(cfg.task.reward)), timeout_s, REWARD_THREADS, f"reward-w{worker_id}")
         self.max_reward_failures = cfg.task.max_consecutive_reward_failures
         self.reward_failures = 0  # groups in a row whose every sample failed scoring
         self.version = 0
@@ -141,7 +161,7 @@ class RolloutWorker:
         self.trace: deque[tuple[float, int]] = deque(maxlen=TRACE_LIMIT)  # (wall time, requests in the engine) per engine step
         self.admission = None  # the buffer.admit call in flight, if any
         self.next_group = first_group
-        self.max_prompt = cfg.model.max_model_len - r.max_new_tokens
+        self.max_prompt = cfg.model.max_model_len - (e.max_episode_tokens if self.env_cls else r.max_new_tokens)
 
     # ---- called by the controller -------------------------------------------------
 
@@ -201,17 +221,60 @@ class RolloutWorker:
     def evaluate(self, prompts: list[Prompt]) -> list[float]:
         """Each prompt's greedy score, in order (only while the loop is stopped): their mean is the accuracy."""
         assert self.thread is None, "evaluate needs the loop stopped"
-        ids = []
-        for p in prompts:
-            try:
-                ids.append(self._encode(p.text))
-            except BadPrompt as exc:  # a bad eval prompt is an error, not a drop
-                raise ValueError(f"eval prompt {p.prompt_id!r}: {exc}") from exc
+        if self.env_cls is not None:
+            return [float(e["reward"]) for e in self.episodes(prompts, greedy=True)]
+        ids = [self._eval_ids(p, p.text) for p in prompts]
         outs = self.engine.greedy(ids, self.cfg.rollout.max_new_tokens)
         responses = [self._decode(o) for o in outs]
         if self.pool is not None:
             return ray.get(self.pool.scorers[0].score_texts.remote(prompts, responses))
         return [self.reward(p, r) for p, r in zip(prompts, responses)]
+
+    def _eval_ids(self, prompt: Prompt, text: str) -> list[int]:
+        try:
+            return self._encode(text)
+        except BadPrompt as exc:  # a bad eval prompt is an error, not a drop
+            raise ValueError(f"eval prompt {prompt.prompt_id!r}: {exc}") from exc
+
+    def episodes(self, prompts: list[Prompt], greedy: bool = False) -> list[dict]:
+        """Play one episode per prompt to its end (only while the loop is stopped), greedily or sampled as in
+        training: prompt_ids, response_ids, loss_mask, behavior_logprobs, turns, reward, finish_reason and
+        episode_end. Evaluation with env.name, and tests."""
+        assert self.thread is None and self.env_cls is not None, "episodes needs env.name and the loop stopped"
+        r = self.cfg.rollout
+        runs: dict[str, EpisodeRun] = {}
+        for i, p in enumerate(prompts):
+            env = self.env_cls(p, seed=self.cfg.run.seed * 1_000_003 + i)
+            runs[f"asyncrl-episode-{i}"] = self._episode_run(env, self._eval_ids(p, env.start()))
+        temperature = 0.0 if greedy else r.temperature
+
+        def submit(rid: str) -> None:
+            run = runs[rid]
+            self.engine.add(rid, run.episode.next_input(), self.engine.sampling_params(temperature, r.top_p, run.turn_budget(), self.stop))
+
+        for rid in runs:
+            submit(rid)
+        while not all(run.done for run in runs.values()):
+            due = []
+            for out in self.engine.step():
+                run = runs[out.request_id]
+                call = run.model_turn(out.token_ids, out.logprobs, [self.version] * len(out.token_ids))
+                if call is not None:
+                    self.tools.submit(out.request_id, call.name, call.argument)
+                elif not run.done:
+                    due.append(out.request_id)
+            for outcome in self.tools.poll() if self.tools is not None else []:
+                if outcome.key not in runs:  # a training episode's call, left running when the loop stopped
+                    continue
+                run = runs[outcome.key]
+                run.tool_done(outcome.result) if outcome.error is None else run.tool_failed(outcome.error)
+                if not run.done:
+                    due.append(outcome.key)
+            for rid in due:
+                submit(rid)
+            if not self.engine.has_unfinished():
+                time.sleep(0.005)
+        return [self._episode_fields(run) for run in runs.values()]
 
     def sample(self, texts: list[str]) -> list[dict]:
         """One response per prompt text, sampled as in training (only while the loop is stopped): prompt_ids,
@@ -255,6 +318,7 @@ class RolloutWorker:
             while not self.updates.empty():
                 self._apply(self.updates.get())
             next_admit = self._admit(next_admit)
+            self._advance_episodes()
             if self.pool is not None and time.monotonic() >= next_check:
                 self.pool.check()
                 next_check = time.monotonic() + SCORING_CHECK_S
@@ -282,6 +346,38 @@ class RolloutWorker:
         if room > 0 and time.monotonic() >= next_admit:
             self.admission = self.buffer.admit.remote(room, self.id)
         return next_admit
+
+    def _advance_episodes(self) -> None:
+        """Hand the tool outcomes that came in to their episodes, and submit the turns that are due."""
+        if self.tools is not None:
+            for outcome in self.tools.poll():
+                self._tool_outcome(outcome)
+        due, self.ready = self.ready, set()
+        for sample_id in sorted(due):
+            group = self.inflight.get(group_of(sample_id))
+            if group is not None and sample_id not in group.done:
+                self._submit(group, sample_id)
+
+    def _tool_outcome(self, outcome) -> None:
+        if not isinstance(outcome.key, tuple):  # an evaluation episode's (episodes())
+            return
+        sample_id, attempt = outcome.key
+        group = self.inflight.get(group_of(sample_id))
+        if group is None or group.attempts.get(sample_id, 0) != attempt or sample_id in group.done:
+            return  # its episode was restarted (weight_update=abort) or recorded since
+        run = group.episodes[sample_id]
+        self.counters.tool_calls += 1
+        self.counters.tool_s += outcome.seconds
+        if outcome.error is None:
+            run.tool_done(outcome.result)
+        else:
+            self.counters.tool_errors += 1
+            run.tool_failed(outcome.error)
+        self._turn_ended(group, sample_id, run)
+
+    def _episodes_waiting(self) -> bool:
+        """Episodes between two turns: a tool call running or a turn due."""
+        return bool(self.ready) or (self.tools is not None and self.tools.pending() > 0)
 
     def engine_trace(self) -> list[tuple[float, int]]:
         """(wall time, running requests) of every engine step since the last call (the controller drains it each
@@ -328,6 +424,7 @@ class RolloutWorker:
                 running = [out.request_id for out in self._abort(running)]
                 for sample_id in running:
                     self.inflight[group_of(sample_id)].versions.pop(sample_id, None)
+                running = sorted(set(running) | self._restart_episodes())
             elif mode == "resume":
                 partial = self._abort(running)
                 running = [out.request_id for out in partial]
@@ -341,13 +438,33 @@ class RolloutWorker:
         self.counters.update_s += time.monotonic() - started
         return LoadReport(version=version, seconds=time.monotonic() - t0, bytes=nbytes)
 
+    def _restart_episodes(self) -> set[str]:
+        """weight_update=abort: every unfinished episode starts again from its first turn, with a fresh environment
+        of the same seed (a running tool call's outcome is dropped when it comes); returns their sample ids."""
+        restarted = set()
+        for group in self.inflight.values():
+            for sample_id, run in group.episodes.items():
+                if sample_id in group.done or not run.episode.turns:
+                    continue
+                group.attempts[sample_id] = group.attempts.get(sample_id, 0) + 1
+                group.episodes[sample_id] = self._new_episode(group, sample_id)
+                group.prefix.pop(sample_id, None)
+                group.versions.pop(sample_id, None)
+                self.ready.discard(sample_id)
+                restarted.add(sample_id)
+        return restarted
+
     def _drain(self) -> None:
         """Step until every running request has finished on the current weights; nothing is admitted meanwhile.
 
         `drain_s` adds up only these steps: it stays 0 while updates find the engine idle."""
-        while self.engine.has_unfinished():
+        while self.engine.has_unfinished() or self._episodes_waiting():  # episodes: until every one in flight ended
             t0 = time.monotonic()
-            self._step()
+            self._advance_episodes()
+            if self.engine.has_unfinished():
+                self._step()
+            else:
+                time.sleep(0.005)
             self.counters.drain_s += time.monotonic() - t0
 
     def _note_versions(self, sample_id: str, generated: int) -> None:
@@ -387,7 +504,7 @@ class RolloutWorker:
             group = _Group(GroupId(self.run_id, self.id, self.next_group), prompt, [], time.time())
             self.next_group += 1
             try:
-                group.prompt_ids = self._encode(prompt.text)
+                group.prompt_ids = self._encode(self.env_cls(prompt, 0).start() if self.env_cls else prompt.text)
             except BadPrompt as exc:
                 self.counters.bad_prompts += 1
                 self._put(self._bad_prompt_records(group, str(exc)))
@@ -395,40 +512,79 @@ class RolloutWorker:
             self.inflight[group.group_id] = group
             self.counters.groups_started += 1
             for i in range(self.cfg.rollout.group_size):
+                if self.env_cls is not None:
+                    group.episodes[group.gid.sample_id(i)] = self._new_episode(group, group.gid.sample_id(i))
                 self._submit(group, group.gid.sample_id(i))
 
+    def _new_episode(self, group: _Group, sample_id: str) -> EpisodeRun:
+        """A sample's episode from its first turn; its environment's seed is the run's and the sample id's (a
+        restart replays the same environment)."""
+        return self._episode_run(self.env_cls(group.prompt, seed=self.cfg.run.seed * 1_000_003 + zlib.crc32(sample_id.encode())), group.prompt_ids)
+
+    def _episode_run(self, env, prompt_ids: list[int]) -> EpisodeRun:
+        tokenizer, chat = self.engine.tokenizer, self.cfg.task.chat
+        return EpisodeRun(env, prompt_ids, self.limits, lambda text, after_eos: observation_ids(tokenizer, text, chat, after_eos),
+                          self._decode, self.eos_ids)
+
     def _submit(self, group: _Group, sample_id: str) -> None:
-        """Add the sample's request: its prompt, then whatever it kept from earlier requests (resume), with the
-        token budget that is left."""
+        """Add the sample's request: its prompt (an episode: its tokens so far), then whatever it kept from earlier
+        requests (resume), with the token budget that is left."""
+        run = group.episodes.get(sample_id)
+        base = group.prompt_ids if run is None else run.episode.next_input()
+        budget = self.cfg.rollout.max_new_tokens if run is None else run.turn_budget()
         kept = group.prefix.get(sample_id)
-        if kept is None or not kept.token_ids:
+        sampled = (run.episode.sampled_versions() if run is not None else []) + group.versions.get(sample_id, [])
+        if not sampled:
             group.starts[sample_id] = self.version
-            self.engine.add(sample_id, group.prompt_ids, self.params, priority=self.version)
-            return
-        r = self.cfg.rollout
-        left = r.max_new_tokens - len(kept.token_ids)
+        oldest = sampled[0] if sampled else self.version  # served oldest first (rollout.oldest_first)
+        kept_ids = kept.token_ids if kept is not None else []
+        left = budget - len(kept_ids)
         if left <= 0:  # it had used its whole budget when it was stopped: it is finished
             self._collect([Finished(sample_id, [], [], "length")])
             return
-        params = self.engine.sampling_params(r.temperature, r.top_p, left)
-        self.engine.add(sample_id, group.prompt_ids + kept.token_ids, params, priority=group.versions[sample_id][0])  # its oldest token's
+        self.engine.add(sample_id, base + kept_ids, self._params(left), priority=oldest)
+
+    def _params(self, max_tokens: int):
+        if max_tokens == self.cfg.rollout.max_new_tokens:
+            return self.params
+        r = self.cfg.rollout
+        return self.engine.sampling_params(r.temperature, r.top_p, max_tokens, self.stop)
 
     def _collect(self, finished: list[Finished]) -> None:
-        now = time.time()
         for out in finished:
-            group_id = group_of(out.request_id)
-            group = self.inflight[group_id]
+            group = self.inflight[group_of(out.request_id)]
             self.counters.tokens += len(out.token_ids)
+            self.counters.turns += 1
             self._note_versions(out.request_id, len(out.token_ids))
             out = _joined(group.prefix.pop(out.request_id, None), out)
-            group.done[out.request_id] = (out, self.version, now)
-            if len(group.done) == self.cfg.rollout.group_size:
-                del self.inflight[group_id]
-                self.counters.groups_done += 1
-                if self.pool is not None:
-                    self.pool.hand_off(self._group_records(group), group.prompt)
-                else:
-                    self._put(self._score(group))
+            run = group.episodes.get(out.request_id)
+            if run is None:
+                self._sample_done(group, out)
+                continue
+            versions = group.versions.pop(out.request_id, [])[: len(out.token_ids)]
+            call = run.model_turn(out.token_ids, out.logprobs, versions)
+            if call is not None:
+                self.tools.submit((out.request_id, group.attempts.get(out.request_id, 0)), call.name, call.argument)
+            else:
+                self._turn_ended(group, out.request_id, run)
+
+    def _turn_ended(self, group: _Group, sample_id: str, run: EpisodeRun) -> None:
+        """After a model turn (with no tool to wait for) or a tool's outcome: the episode's next turn is due, or it ended."""
+        if not run.done:
+            self.ready.add(sample_id)
+            return
+        ep = run.episode
+        self._sample_done(group, Finished(sample_id, ep.response_ids, ep.behavior_logprobs, run.finish_reason))
+
+    def _sample_done(self, group: _Group, out: Finished) -> None:
+        group.done[out.request_id] = (out, self.version, time.time())
+        if len(group.done) == self.cfg.rollout.group_size:
+            del self.inflight[group.group_id]
+            self.counters.groups_done += 1
+            if self.pool is not None:
+                self.pool.hand_off(self._group_records(group), group.prompt)
+            else:
+                self._put(self._score(group))
 
     def _put(self, records: list[dict]) -> None:
         """Hand a group to the buffer; past 64 unacknowledged puts, wait for them."""
@@ -446,8 +602,13 @@ class RolloutWorker:
         records, failed = self._group_records(group), []
         for record in records:
             reason = None
+            run = group.episodes.get(record["sample_id"])
             try:
-                record["reward"] = self.reward(group.prompt, record["response_text"])
+                if run is not None and run.finish_reason == "tool_error":
+                    raise _ToolError(run.end.reason)
+                record["reward"] = run.end.reward if run is not None else self.reward(group.prompt, record["response_text"])
+            except _ToolError as exc:
+                reason = str(exc)
             except RewardThreadsStuck as exc:  # no reward can run any more: this worker is done
                 reason = str(exc)
                 self._fail(f"reward {self.cfg.task.reward!r}: {exc}")
@@ -486,33 +647,54 @@ class RolloutWorker:
     def _record(self, group: _Group, sample_id: str, ids: list[int], lps: list[float], version_end, t_gen, reason) -> dict:
         """`version_end`: the version when it ended. A finished sample's end is its last token's version (SGLang may
         have finished it by itself before an update the worker saw first)."""
-        versions = group.versions.get(sample_id, [])[: len(ids)]
-        start = versions[0] if versions else group.starts[sample_id]  # the oldest token's version
-        if versions and reason != "abort":
-            version_end = versions[-1]
+        run = group.episodes.get(sample_id)
+        if run is None:
+            versions = sampled = group.versions.get(sample_id, [])[: len(ids)]
+            episode = {}
+        else:  # `ids` are the episode's response tokens, observations included (version -1)
+            versions, sampled = run.episode.token_versions, run.episode.sampled_versions()
+            episode = {k: v for k, v in self._episode_fields(run).items() if k in ("loss_mask", "turns", "episode_end")}
+        start = sampled[0] if sampled else group.starts[sample_id]  # the oldest token's version
+        if sampled and reason != "abort":
+            version_end = sampled[-1]
         return new_sample(
-            run_id=self.run_id, sample_id=sample_id, group_id=group.group_id, prompt_id=group.prompt.prompt_id,
+            **episode, run_id=self.run_id, sample_id=sample_id, group_id=group.group_id, prompt_id=group.prompt.prompt_id,
             worker_id=self.id, prompt_text=group.prompt.text, prompt_ids=group.prompt_ids, response_ids=ids,
             response_text=self._decode(ids), behavior_logprobs=lps, finish_reason=reason,
             policy_version_start=start, policy_version_end=version_end, token_versions=versions,
             t_submitted=group.t_submitted, t_generated=t_gen,
         )
 
+    def _episode_fields(self, run: EpisodeRun) -> dict:
+        ep = run.episode
+        return {
+            "prompt_ids": ep.prompt_ids, "response_ids": ep.response_ids, "loss_mask": ep.loss_mask,
+            "behavior_logprobs": ep.behavior_logprobs, "token_versions": ep.token_versions,
+            "turns": [dataclasses.asdict(t) for t in ep.turns], "reward": run.end.reward if run.end else None,
+            "finish_reason": run.finish_reason, "episode_end": run.end.reason if run.end else None,
+        }
+
     def _abort_records(self, group: _Group) -> list[dict]:
         records = []
         for i in range(self.cfg.rollout.group_size):
             sample_id = group.gid.sample_id(i)
-            out, version_end, t_gen = group.done.get(sample_id, (group.prefix.get(sample_id) or Finished(sample_id, [], [], "abort"), self.version, None))
+            run = group.episodes.get(sample_id)
+            partial = (Finished(sample_id, run.episode.response_ids, run.episode.behavior_logprobs, "abort") if run is not None  # its whole turns
+                       else group.prefix.get(sample_id) or Finished(sample_id, [], [], "abort"))
+            out, version_end, t_gen = group.done.get(sample_id, (partial, self.version, None))
             record = self._record(group, sample_id, out.token_ids, out.logprobs, version_end, t_gen, out.finish_reason)
             record.update(status=Status.ABORTED_AT_END.value, status_reason="run stopped while its group was generating")
             records.append(record)
         return records
 
     def _request_ids(self):
+        """The samples with a request in the engine (not an episode waiting for a tool or its next turn)."""
         for group in self.inflight.values():
             for i in range(self.cfg.rollout.group_size):
-                if group.gid.sample_id(i) not in group.done:
-                    yield group.gid.sample_id(i)
+                sample_id = group.gid.sample_id(i)
+                run = group.episodes.get(sample_id)
+                if sample_id not in group.done and (run is None or (run.pending is None and sample_id not in self.ready and not run.done)):
+                    yield sample_id
 
     def _encode(self, text: str) -> list[int]:
         """The prompt's token ids; BadPrompt when it is empty or leaves no room for `rollout.max_new_tokens`."""
@@ -523,7 +705,8 @@ class RolloutWorker:
             raise BadPrompt("prompt encodes to 0 tokens")
         if len(ids) > self.max_prompt:
             raise BadPrompt(
-                f"prompt encodes to {len(ids)} tokens; the limit is {self.max_prompt} (model.max_model_len - rollout.max_new_tokens)"
+                f"prompt encodes to {len(ids)} tokens; the limit is {self.max_prompt} (model.max_model_len - "
+                f"{'env.max_episode_tokens' if self.env_cls else 'rollout.max_new_tokens'})"
             )
         return ids
 
@@ -536,6 +719,10 @@ def _joined(kept: Finished | None, out: Finished) -> Finished:
     if kept is None:
         return out
     return Finished(out.request_id, kept.token_ids + out.token_ids, kept.logprobs + out.logprobs, out.finish_reason)
+
+
+class _ToolError(Exception):
+    """An episode ended by a tool that timed out or died: its group is dropped as dropped_error."""
 
 
 class BadPrompt(ValueError):

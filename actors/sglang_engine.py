@@ -104,7 +104,8 @@ def kv_tokens(model_path: str, dtype: str, kv_cache_gib: float) -> int:
 
 class SGLangEngine:
     def __init__(
-        self, model_path: str, dtype: str, max_model_len: int, seed: int, kv_cache_gib: float, gpu_mem: float, priority: bool = False
+        self, model_path: str, dtype: str, max_model_len: int, seed: int, kv_cache_gib: float, gpu_mem: float, priority: bool = False,
+        stop_strings: bool = False,
     ) -> None:
         check_installed()
         import torch
@@ -114,7 +115,7 @@ class SGLangEngine:
         on_gpu = torch.cuda.is_available()
         args = dict(
             model_path=model_path, dtype=dtype, context_length=max_model_len, random_seed=seed, tp_size=1,
-            skip_tokenizer_init=True, log_level="error", disable_cuda_graph=not on_gpu,
+            skip_tokenizer_init=not stop_strings, log_level="error", disable_cuda_graph=not on_gpu,
         )
         if priority:  # lower values first, as vLLM's priority policy
             args.update(enable_priority_scheduling=True, schedule_low_priority_values_first=True)
@@ -141,8 +142,9 @@ class SGLangEngine:
 
     # ---- generation ---------------------------------------------------------------
 
-    def sampling_params(self, temperature: float, top_p: float, max_tokens: int) -> dict:
-        return {"temperature": temperature, "top_p": top_p, "max_new_tokens": max_tokens}
+    def sampling_params(self, temperature: float, top_p: float, max_tokens: int, stop: tuple[str, ...] = ()) -> dict:
+        """`stop` strings need the engine started with `stop_strings` (SGLang matches them on detokenized text)."""
+        return {"temperature": temperature, "top_p": top_p, "max_new_tokens": max_tokens, **({"stop": list(stop)} if stop else {})}
 
     def warm_up(self, params, prompt_ids: list[int], n: int = 2) -> float:
         t0 = time.perf_counter()

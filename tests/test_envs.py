@@ -6,11 +6,17 @@ import random
 import pytest
 from transformers import AutoTokenizer
 
+from asyncrl.core.config import load_config
 from asyncrl.core.envs import (
-    CalculatorEnv, Environment, EnvStep, Episode, GuessNumberEnv, ToolCall, arithmetic_problem, calculator,
-    calculator_prompts, guess_number_prompts, make_environment, observation_ids, registered_environments,
+    CalculatorEnv, Environment, EnvStep, Episode, EpisodeLimits, EpisodeRun, GuessNumberEnv, ToolCall, arithmetic_problem,
+    calculator, make_environment, observation_ids, registered_environments,
 )
-from asyncrl.core.tasks import Prompt
+from asyncrl.core.tasks import Prompt, make_task
+from tests.envs_fixture import ScriptedEnv
+
+
+def task_of(*overrides: str):
+    return make_task(load_config(None, ["model.path=/x", *overrides]).task, seed=0)
 
 
 def test_calculator_does_integer_arithmetic_and_refuses_anything_else():
@@ -27,9 +33,14 @@ def test_arithmetic_problems_are_deterministic_and_correct():
     assert a[0] == a[1]
     expression, value = a[0]
     assert eval(expression) == value  # noqa: S307 - the test's own expression
-    prompts = [p for _, p in zip(range(3), calculator_prompts(0, 3))]
-    assert prompts == [p for _, p in zip(range(3), calculator_prompts(0, 3))]
-    assert next(calculator_prompts(0, 3, start=2)) == prompts[2]  # a data cursor skips exactly that many
+    task = task_of("task.name=calculator", "task.steps=3", "task.eval_size=5")
+    prompts = [p for _, p in zip(range(3), task.train_prompts(0))]
+    assert prompts == [p for _, p in zip(range(3), task_of("task.name=calculator", "task.steps=3").train_prompts(0))]
+    assert next(task.train_prompts(0, start=2)) == prompts[2]  # a data cursor skips exactly that many
+    assert len(task.eval_prompts()) == 5 and not {p.text for p in task.eval_prompts()} & {p.text for p in prompts}
+    for p in prompts:
+        expression = p.text.split("Compute ", 1)[1].split(". You may", 1)[0]
+        assert calculator(expression) == p.answer
 
 
 def test_the_default_tool_call_syntax_is_parsed():
@@ -61,7 +72,7 @@ def test_guess_number_answers_higher_lower_and_ends_when_found():
     assert env.step("15") == EnvStep(observation="lower")
     assert env.step("no idea") == EnvStep(observation="Reply with one number.")
     assert env.step("13") == EnvStep(done=True, reward=1.0, reason="found")
-    secrets = [int(p.answer) for _, p in zip(range(200), guess_number_prompts(0, 1, 20))]
+    secrets = [int(p.answer) for _, p in zip(range(200), task_of("task.name=guess_number", "task.high=20").train_prompts(0))]
     assert min(secrets) >= 1 and max(secrets) <= 20 and len(set(secrets)) > 10
 
 
@@ -112,3 +123,67 @@ def test_observation_tokens_continue_the_chat_template_after_the_models_eos(smol
     # the appended tokens render exactly as the template renders the whole conversation
     assert tok.decode(episode) == tok.apply_chat_template(whole, add_generation_prompt=True, tokenize=False)
     assert observation_ids(tok, "higher", chat=False) == tok("higher", add_special_tokens=False).input_ids
+    # a turn that ended at a stop string has no EOS of its own: the observation closes it with the template's
+    unclosed = tok("<tool>calc: 2+3</tool>", add_special_tokens=False).input_ids
+    episode = tok(prompt, add_special_tokens=False).input_ids + unclosed + observation_ids(tok, "5", chat=True, after_eos=False)
+    whole = first + [{"role": "assistant", "content": "<tool>calc: 2+3</tool>"}, {"role": "user", "content": "5"}]
+    assert tok.decode(episode) == tok.apply_chat_template(whole, add_generation_prompt=True, tokenize=False)
+
+
+EOS = 99
+
+
+def scripted_run(env=None, max_turns=4, max_tokens=40, turn_tokens=8) -> EpisodeRun:
+    """An episode whose observations are one token per character (a stand-in tokenizer: pure logic)."""
+    def observe(text: str, after_eos: bool) -> list[int]:
+        return ([] if after_eos else [EOS]) + [ord(c) for c in text]
+
+    env = env or ScriptedEnv(Prompt("p", "1+1=", "2"), seed=0)
+    return EpisodeRun(env, [1, 2], EpisodeLimits(max_turns, max_tokens, turn_tokens), observe,
+                      lambda ids: "".join(chr(i) for i in ids if i != EOS), frozenset({EOS}))
+
+
+def test_an_episode_runs_model_turns_tools_and_observations_with_only_sampled_tokens_in_the_loss():
+    run = scripted_run()
+    call = run.model_turn([65, 66, EOS], [-0.1, -0.2, -0.3], [0, 0, 0])
+    assert call == ToolCall("tool", "12") and run.pending == call and not run.done
+    run.tool_done("21")
+    assert run.episode.next_input() == [1, 2, 65, 66, EOS, ord("2"), ord("1")]
+    assert run.model_turn([67, 68], [-0.4, -0.5], [1, 1]) is None  # cut at its limit, no EOS: the observation closes it
+    assert run.episode.response_ids[-3:] == [EOS, ord("3"), ord("4")]
+    assert run.model_turn([69, EOS], [-0.6, -0.7], [1, 1]) is None
+    assert run.done and run.finish_reason == "stop" and run.end == EnvStep(done=True, reward=0.0, reason="scripted end")
+    ep = run.episode
+    sampled = [65, 66, EOS, 67, 68, 69, EOS]
+    assert [t for t, m in zip(ep.response_ids, ep.loss_mask) if m] == sampled  # the loss sees exactly these
+    assert all(ep.behavior_logprobs[i] == 0.0 and ep.token_versions[i] == -1 for i, m in enumerate(ep.loss_mask) if not m)
+    assert [(t.role, t.end - t.start) for t in ep.turns] == [("model", 3), ("observation", 2), ("model", 2), ("observation", 3), ("model", 2)]
+    assert ep.sampled_versions() == [0, 0, 0, 1, 1, 1, 1]
+
+
+def test_an_episode_ends_at_its_turn_limit_its_token_budget_or_a_failed_tool():
+    run = scripted_run(max_turns=2)
+    run.model_turn([65, EOS], [-0.1, -0.1], [0, 0])
+    run.tool_done("21")
+    run.model_turn([66, EOS], [-0.1, -0.1], [0, 0])
+    assert run.finish_reason == "max_turns" and run.end.reason == "env.max_turns=2 reached" and run.end.reward == 0.0
+
+    run = scripted_run(max_tokens=6, turn_tokens=8)
+    assert run.turn_budget() == 6
+    run.model_turn([65, 66, 67, EOS], [-0.1] * 4, [0] * 4)
+    assert run.turn_budget() == 2
+    run.tool_done("2109")  # 4 more tokens would leave no room for the model
+    assert run.finish_reason == "length" and run.end.reason == "env.max_episode_tokens=6 used"
+    assert len(run.episode.response_ids) == 4
+
+    run = scripted_run()
+    run.model_turn([65, EOS], [-0.1, -0.1], [0, 0])
+    run.tool_failed("tool 'tool' timed out after 1 s")
+    assert run.finish_reason == "tool_error" and run.end.reason == "tool 'tool' timed out after 1 s" and run.pending is None
+
+
+def test_a_call_of_a_tool_the_environment_lacks_is_answered_without_running_anything():
+    run = scripted_run(env=CalculatorEnv(Prompt("c", "Compute 2 + 3.", "5"), seed=0), max_tokens=200)
+    text = [ord(c) for c in "<tool>python: 2+3</tool>"]
+    assert run.model_turn(text, [-0.1] * len(text), [0] * len(text)) is None and not run.done
+    assert "no tool 'python'" in run.episode.turns[-1].text

@@ -2,7 +2,9 @@
 
 Targets are aligned with the logits that predict them: position t of every
 [B, T] tensor here is token t+1 of ``prompt_ids + response_ids``, and
-`response_mask` is 1.0 exactly where that token is a response token.
+`response_mask` is 1.0 exactly where that token is a response token the model
+sampled: in a multi-turn episode the record's `loss_mask` leaves out the appended
+observation tokens, so every algorithm trains on episodes unchanged.
 """
 from __future__ import annotations
 
@@ -43,7 +45,8 @@ class Batch:
 def collate(samples: list[dict], pad_id: int, device: torch.device | str = "cpu", mask_truncated: bool = False) -> Batch:
     """Right-padded tensors of `samples`. With `mask_truncated`, a response cut at `rollout.max_new_tokens`
     (finish_reason "length") keeps its place, reward and group but none of its tokens carry loss (DAPO's
-    over-long filtering): the policy is not taught to ramble by answers that never ended."""
+    over-long filtering): the policy is not taught to ramble by answers that never ended. An episode's
+    observation tokens (`loss_mask` 0) never carry loss."""
     width = max(len(s["prompt_ids"]) + len(s["response_ids"]) for s in samples)
     B = len(samples)
     input_ids = torch.full((B, width), pad_id, dtype=torch.long)
@@ -56,7 +59,8 @@ def collate(samples: list[dict], pad_id: int, device: torch.device | str = "cpu"
         input_ids[b, : p + r] = torch.tensor(list(s["prompt_ids"]) + list(s["response_ids"]))
         attention[b, : p + r] = 1
         if not (mask_truncated and s["finish_reason"] == "length"):
-            response_mask[b, p - 1 : p - 1 + r] = 1.0
+            mask = s.get("loss_mask")
+            response_mask[b, p - 1 : p - 1 + r] = 1.0 if mask is None else torch.tensor(list(mask), dtype=torch.float32)
         behavior[b, p - 1 : p - 1 + r] = torch.tensor(s["behavior_logprobs"], dtype=torch.float32)
         groups.setdefault(s["group_id"], len(groups))
     rewards = torch.tensor([float(s["reward"]) for s in samples])
@@ -82,7 +86,7 @@ def sequence_stats(samples: list[dict], version: int) -> dict[str, float]:
     token's; `staleness/token_mean` averages over tokens (keep and resume mix versions within a sample)."""
     rewards = torch.tensor([float(s["reward"]) for s in samples])
     stale = torch.tensor([float(version - s["policy_version_start"]) for s in samples])
-    token_stale = [float(version - v) for s in samples for v in _token_versions(s)]
+    token_stale = [float(version - v) for s in samples for v in _token_versions(s) if v >= 0]  # -1: an observation token
     lengths = torch.tensor([float(len(s["response_ids"])) for s in samples])
     return {
         "reward/mean": rewards.mean().item(),
@@ -92,7 +96,19 @@ def sequence_stats(samples: list[dict], version: int) -> dict[str, float]:
         "staleness/token_mean": sum(token_stale) / max(len(token_stale), 1),
         **response_length_stats(lengths, [s["finish_reason"] for s in samples]),
         "samples/trained": float(len(samples)),
+        **episode_stats(samples),
     }
+
+
+def episode_stats(samples: list[dict]) -> dict[str, float]:
+    """Model turns per episode and the share of response tokens the model sampled (none for single-turn samples)."""
+    episodes = [s for s in samples if s.get("loss_mask") is not None]
+    if not episodes:
+        return {}
+    turns = [sum(t["role"] == "model" for t in s["turns"]) for s in episodes]
+    tokens = sum(len(s["loss_mask"]) for s in episodes)
+    return {"episodes/turns_mean": sum(turns) / len(turns), "episodes/turns_max": float(max(turns)),
+            "episodes/sampled_token_frac": sum(sum(s["loss_mask"]) for s in episodes) / max(tokens, 1)}
 
 
 def response_length_stats(lengths: torch.Tensor, finish_reasons: list[str | None]) -> dict[str, float]:

@@ -67,6 +67,21 @@ class TaskConfig(_Section):
     """Longest one reward call may take; past it the sample (and so its group) is dropped_error. Python cannot kill the call: it keeps one of the worker's 4 reward threads until it returns, and with all 4 held the worker reports an error."""
     max_consecutive_reward_failures: int = Field(20, ge=1)
     """Stop the run when every sample of this many groups in a row failed scoring (the reward raised or timed out)."""
+    high: int = Field(16, ge=2)
+    """task.name=guess_number: the secret is drawn from 1..high."""
+
+
+class EnvConfig(_Section):
+    name: str = ""
+    """Multi-turn episodes: a built-in environment (calculator, guess_number) or a user's Environment subclass by dotted path (asyncrl.core.envs); empty: one response per prompt, scored by task.reward. The episode's reward is the environment's."""
+    max_turns: int = Field(4, ge=1)
+    """Most model turns in one episode; an episode still going then ends (finish_reason max_turns, reward 0)."""
+    max_episode_tokens: int = Field(256, ge=2)
+    """Most response tokens in one episode, model turns and appended observations together (each turn still at most rollout.max_new_tokens); an episode with no room left ends (finish_reason length)."""
+    tool_timeout_s: float = Field(10.0, gt=0)
+    """Longest one tool call may take; past it the tool's process is killed and its episode ends (finish_reason tool_error), which drops its group as dropped_error."""
+    tool_workers: int = Field(2, ge=1)
+    """Processes per rollout worker that run tool calls, off the engine loop (each one call at a time)."""
 
 
 class RolloutConfig(_Section):
@@ -286,6 +301,7 @@ class RunConfig(_Section):
 class Config(_Section):
     model: ModelConfig = Field(default_factory=ModelConfig)
     task: TaskConfig = Field(default_factory=TaskConfig)
+    env: EnvConfig = Field(default_factory=EnvConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     reward: RewardConfig = Field(default_factory=RewardConfig)
     buffer: BufferConfig = Field(default_factory=BufferConfig)
@@ -397,10 +413,24 @@ def cross_checks(cfg: Config) -> Config:
            "task.reward=reward_model scores in the reward pool: give reward.num_workers >= 1")
     _check(t.reward != "reward_model" or bool(cfg.reward.model_path), "reward.model_path",
            "must name a local sequence-classification model directory when task.reward=reward_model")
+    if cfg.env.name:
+        _check_environment(cfg)
     for key, res in (("rollout.resources", r.resources), ("learner.resources", lr.resources), ("reward.resources", cfg.reward.resources)):
         _check(all(v > 0 for v in res.values()), key, "resource amounts must be > 0")
         _check(not {"CPU", "GPU", "memory"} & set(res), key, "use num_cpus / num_gpus for CPU and GPU")
     return cfg
+
+
+def _check_environment(cfg: Config) -> None:
+    from asyncrl.core.envs import make_environment
+
+    e = cfg.env
+    try:
+        make_environment(e.name)
+    except ValueError as exc:
+        raise ConfigError("env.name", str(exc)) from None
+    _check(cfg.model.max_model_len > e.max_episode_tokens, "model.max_model_len", "must exceed env.max_episode_tokens")
+    _check(cfg.reward.num_workers == 0, "reward.num_workers", "must be 0 with env.name: an episode's reward is its environment's")
 
 
 RENAMED = {("algorithm", "is_level"): ("rollout_correction", {"token": "token_tis", "sequence": "seq_tis"})}

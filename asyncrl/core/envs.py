@@ -57,9 +57,17 @@ class Environment:
 
     name: ClassVar[str] = ""
     tools: ClassVar[dict[str, Callable[[str], str]]] = {}
+    stop: ClassVar[tuple[str, ...]] = ()
+    """Strings that end a model turn (the engine stops there), e.g. the end of a tool call."""
 
     def __init__(self, prompt: Prompt, seed: int) -> None:
         self.prompt, self.rng = prompt, random.Random(seed)
+
+    @classmethod
+    def record(cls, rng: random.Random, task) -> tuple[str, str]:
+        """A built-in environment's own task: one record's (text, answer) drawn with `rng` (`task`: the task
+        config). An environment without it plays the records of another task (`task.name`)."""
+        raise NotImplementedError(f"environment {cls.name!r} has no records of its own: set task.name to a task")
 
     def start(self) -> str:
         """The first user message (default: the prompt's text)."""
@@ -94,6 +102,11 @@ def environment(cls: type[Environment]) -> type[Environment]:
 
 def registered_environments() -> list[str]:
     return sorted(_REGISTRY)
+
+
+def environment_tasks() -> dict[str, type[Environment]]:
+    """The built-in environments that bring their own task records (`Environment.record`), by name."""
+    return {name: cls for name, cls in _REGISTRY.items() if cls.record.__func__ is not Environment.record.__func__}
 
 
 def make_environment(name: str) -> type[Environment]:
@@ -152,6 +165,7 @@ class CalculatorEnv(Environment):
 
     name = "calculator"
     tools = {"calc": calculator}
+    stop = ("</tool>",)
     PROMPT = ("Compute {expression}. You may call a calculator by writing <tool>calc: EXPRESSION</tool>; "
               "its result comes back as <result>VALUE</result>. End with 'Answer: N'.")
 
@@ -165,6 +179,12 @@ class CalculatorEnv(Environment):
         self.calls += 1
         return super().tool_result(call, result)
 
+    @classmethod
+    def record(cls, rng: random.Random, task) -> tuple[str, str]:
+        """An expression of 1 to `task.steps` operations; the answer is its value."""
+        expression, answer = arithmetic_problem(rng, rng.randint(1, task.steps))
+        return cls.PROMPT.format(expression=expression), str(answer)
+
     def step(self, text: str) -> EnvStep:
         correct = final_number(text) == self.prompt.answer
         if correct and not self.calls:
@@ -172,15 +192,6 @@ class CalculatorEnv(Environment):
         return EnvStep(done=True, reward=1.0 if correct else 0.0, reason="correct" if correct else "wrong answer")
 
 
-def calculator_prompts(seed: int, steps: int, start: int = 0, prefix: str = "train"):
-    """Endless calculator episodes' prompts (the answer is the expression's value), deterministic for `seed`."""
-    rng = random.Random(f"calculator-{prefix}-{seed}")
-    i = 0
-    while True:
-        expression, answer = arithmetic_problem(rng, rng.randint(1, steps))
-        if i >= start:
-            yield Prompt(f"{prefix}-{seed}-{i}", CalculatorEnv.PROMPT.format(expression=expression), str(answer))
-        i += 1
 
 
 # ---- a pure multi-turn game ---------------------------------------------------------------------
@@ -195,6 +206,11 @@ class GuessNumberEnv(Environment):
     name = "guess_number"
     PROMPT = "I am thinking of a number from {low} to {high}. Guess it: reply with one number. I will say higher or lower."
 
+    @classmethod
+    def record(cls, rng: random.Random, task) -> tuple[str, str]:
+        """A secret from 1 to `task.high`."""
+        return cls.PROMPT.format(low=1, high=task.high), str(rng.randint(1, task.high))
+
     def step(self, text: str) -> EnvStep:
         guess = final_number(text)
         if guess is None:
@@ -204,15 +220,6 @@ class GuessNumberEnv(Environment):
         return EnvStep(observation="higher" if int(float(guess)) < int(self.prompt.answer) else "lower")
 
 
-def guess_number_prompts(seed: int, low: int, high: int, start: int = 0, prefix: str = "train"):
-    """Endless guess-the-number episodes' prompts (the answer is the secret), deterministic for `seed`."""
-    rng = random.Random(f"guess-{prefix}-{seed}")
-    i = 0
-    while True:
-        secret = rng.randint(low, high)
-        if i >= start:
-            yield Prompt(f"{prefix}-{seed}-{i}", GuessNumberEnv.PROMPT.format(low=low, high=high), str(secret))
-        i += 1
 
 
 # ---- an episode's tokens -------------------------------------------------------------------------
@@ -272,12 +279,13 @@ class Episode:
         return [v for v, m in zip(self.token_versions, self.loss_mask) if m]
 
 
-def observation_ids(tokenizer, text: str, chat: bool) -> list[int]:
+def observation_ids(tokenizer, text: str, chat: bool, after_eos: bool = True) -> list[int]:
     """The tokens appended for an observation, tokenised once. With `task.chat` they are what the chat template
     puts between the end of an assistant turn and the start of the next one, with the observation as a user
     message: the template's rendering of [user, assistant, user(text)] + generation prompt from just after the
-    assistant's content and its EOS (which the model sampled itself) on. The model's own turn is never
-    re-tokenised."""
+    assistant's content on. When the model's turn ended with its own EOS (`after_eos`), that EOS is not
+    repeated; a turn that ended otherwise (a stop string, its token limit) is closed by the template's EOS,
+    appended like the rest. The model's own turn is never re-tokenised."""
     if not chat:
         return list(tokenizer(text, add_special_tokens=False).input_ids)
     marker = "\x00ASSISTANT\x00"
@@ -288,6 +296,106 @@ def observation_ids(tokenizer, text: str, chat: bool) -> list[int]:
                          "observations cannot be appended token-in/token-out with it")
     tail = rendered[rendered.index(marker) + len(marker):]
     eos = tokenizer.eos_token or ""
-    if eos and tail.startswith(eos):
+    if after_eos and eos and tail.startswith(eos):
         tail = tail[len(eos):]
     return list(tokenizer(tail, add_special_tokens=False).input_ids)
+
+
+# ---- an environment's own task ---------------------------------------------------------------------
+
+
+class EpisodeTask:
+    """The task records of a built-in environment (`Environment.record`): a held-out set and an endless train
+    stream, both deterministic for the seed, as the single-turn tasks are."""
+
+    def __init__(self, env: type[Environment], task, seed: int) -> None:
+        self.env, self.task, self.seed = env, task, seed
+        rng = random.Random(f"{env.name}-eval-{seed}")
+        self._eval = [Prompt(f"eval-{i}", *env.record(rng, task)) for i in range(task.eval_size)]
+
+    @property
+    def name(self) -> str:
+        return self.env.name
+
+    def eval_prompts(self) -> list[Prompt]:
+        return list(self._eval)
+
+    def train_prompts(self, seed: int, start: int = 0):
+        """Endless records; `start` skips that many (a data cursor)."""
+        rng = random.Random(f"{self.env.name}-train-{seed}")
+        i = 0
+        while True:
+            text, answer = self.env.record(rng, self.task)
+            if i >= start:
+                yield Prompt(f"train-{seed}-{i}", text, answer)
+            i += 1
+
+
+# ---- one episode in play ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EpisodeLimits:
+    max_turns: int  # model turns
+    max_tokens: int  # response tokens of an episode, sampled and appended
+    turn_tokens: int  # most tokens of one model turn (rollout.max_new_tokens)
+
+
+class EpisodeRun:
+    """One episode between the engine and its environment, whoever drives it (the rollout worker, in training
+    and in evaluation): `model_turn` takes a turn as the engine sampled it and returns the tool call to run, if
+    any; `tool_done` / `tool_failed` take its outcome. When neither ended the episode, `episode.next_input()` is
+    the next turn's input and `turn_budget()` its token limit. `end` is set once it has ended, and
+    `finish_reason` says how: "stop" (the environment ended it), "max_turns", "length" (no room for another
+    token in env.max_episode_tokens) or "tool_error" (a tool timed out or crashed: `end.reason` says which)."""
+
+    def __init__(self, env: Environment, prompt_ids: list[int], limits: EpisodeLimits,
+                 observe: Callable[[str, bool], list[int]], decode: Callable[[list[int]], str], eos_ids: frozenset[int]) -> None:
+        self.env, self.limits, self.observe, self.decode, self.eos_ids = env, limits, observe, decode, eos_ids
+        self.episode = Episode(list(prompt_ids))
+        self.pending: ToolCall | None = None
+        self.end: EnvStep | None = None
+        self.finish_reason: str | None = None
+        self._closed = True  # the last model turn ended with an EOS
+
+    @property
+    def done(self) -> bool:
+        return self.end is not None
+
+    def turn_budget(self) -> int:
+        return min(self.limits.turn_tokens, self.limits.max_tokens - len(self.episode.response_ids))
+
+    def model_turn(self, ids: list[int], logprobs: list[float], versions: list[int]) -> ToolCall | None:
+        """Append a model turn; returns the tool call the caller must run (then `tool_done`/`tool_failed`)."""
+        text = self.decode(ids)
+        call = self.env.tool_call(text)
+        self.episode.add_model_turn(ids, logprobs, versions, call)
+        self._closed = bool(ids) and ids[-1] in self.eos_ids
+        if call is None:
+            self._after(self.env.step(text))
+        elif call.name not in self.env.tools:  # answered at once: nothing to run
+            self._after(self.env.tool_result(call, f"error: no tool {call.name!r} (tools: {', '.join(self.env.tools)})"), call.name)
+        else:
+            self.pending = call
+        return self.pending
+
+    def tool_done(self, result: str) -> None:
+        call, self.pending = self.pending, None
+        self._after(self.env.tool_result(call, result), call.name)
+
+    def tool_failed(self, why: str) -> None:
+        self.pending = None
+        self._finish(EnvStep(done=True, reason=why), "tool_error")
+
+    def _after(self, step: EnvStep, tool: str | None = None) -> None:
+        if step.done:
+            return self._finish(step, "stop")
+        if self.episode.model_turns() >= self.limits.max_turns:
+            return self._finish(EnvStep(done=True, reason=f"env.max_turns={self.limits.max_turns} reached"), "max_turns")
+        ids = self.observe(step.observation, self._closed)
+        if len(self.episode.response_ids) + len(ids) >= self.limits.max_tokens:  # no room left for a model token
+            return self._finish(EnvStep(done=True, reason=f"env.max_episode_tokens={self.limits.max_tokens} used"), "length")
+        self.episode.add_observation(ids, step.observation, tool)
+
+    def _finish(self, step: EnvStep, finish_reason: str) -> None:
+        self.end, self.finish_reason = step, finish_reason

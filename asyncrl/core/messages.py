@@ -58,6 +58,10 @@ class WorkerCounters:
     scoring_retries: int = 0  # hand-overs sent again after their reward actor died or was restarting
     bad_prompts: int = 0
     prompts_drawn: int = 0  # the data cursor a checkpoint records
+    tool_calls: int = 0  # tool calls of episodes that ended (env.name), run off the loop
+    tool_errors: int = 0  # of them, killed at env.tool_timeout_s or ended their process
+    tool_s: float = 0.0  # their time in the tool processes
+    turns: int = 0  # model turns generated (one per sample without env.name)
 
 
 @dataclass

@@ -5,6 +5,12 @@ in exactly one `Status`.
 
 Version 2 added `token_versions` (the policy version that sampled each response
 token); version-1 records read with it null (`READABLE` lists what a reader takes).
+Version 3 added what a multi-turn episode (env.name) records: `loss_mask` (1 for a
+token the model sampled, 0 for an appended observation token), `turns` (each
+turn's span of the response tokens, its role, the tool it called or answered and
+an observation's text) and `episode_end` (why the environment ended it);
+single-turn samples and older parts read them null. In an episode,
+`token_versions` is -1 and `behavior_logprobs` 0.0 at observation tokens.
 """
 from __future__ import annotations
 
@@ -12,8 +18,8 @@ from enum import Enum
 
 import pyarrow as pa
 
-SCHEMA_VERSION = 2
-READABLE = (1, 2)
+SCHEMA_VERSION = 3
+READABLE = (1, 2, 3)
 
 
 class Status(str, Enum):
@@ -30,6 +36,9 @@ class Status(str, Enum):
     ABORTED_AT_END = "aborted_at_end"
     """Still generating when the run stopped."""
 
+
+TURN = pa.struct([("role", pa.string()), ("start", pa.int32()), ("end", pa.int32()), ("tool", pa.string()), ("text", pa.string())])
+"""One turn of an episode (asyncrl.core.envs.Turn): role "model" or "observation", its [start, end) in response_ids."""
 
 SAMPLE_SCHEMA = pa.schema(
     [
@@ -49,6 +58,9 @@ SAMPLE_SCHEMA = pa.schema(
         ("policy_version_start", pa.int64()),
         ("policy_version_end", pa.int64()),
         ("token_versions", pa.list_(pa.int64())),
+        ("loss_mask", pa.list_(pa.int8())),
+        ("turns", pa.list_(TURN)),
+        ("episode_end", pa.string()),
         ("consumed_version", pa.int64()),
         ("consumed_step", pa.int64()),
         ("status", pa.string()),

@@ -2,23 +2,20 @@
 
 What a reward says of itself (`@reward`: batched, deterministic, version) is asyncrl.core.reward_traits'.
 
-`ScoringProcess` runs the calls in a child process of its own session, so that a call past its timeout, or one
-that kills its process, is ended for good: the whole process group is killed (SIGKILL), the samples it held get
-the reason, and the next call starts a fresh child. Python threads cannot be stopped; processes can.
+`ScoringProcess` runs the calls in a child process of its own session (asyncrl.core.child), so that a call past
+its timeout, or one that kills its process, is ended for good: the whole process group is killed (SIGKILL), the
+samples it held get the reason, and the next call starts a fresh child.
 """
 from __future__ import annotations
 
-import ctypes
 import hashlib
 import math
-import multiprocessing as mp
-import os
-import signal
 import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from asyncrl.core.child import Child
 from asyncrl.core.reward_traits import RewardTraits, traits_of
 from asyncrl.core.tasks import Prompt, make_reward
 
@@ -72,18 +69,8 @@ def percentile(values: list[float], q: float) -> float:
 
 # ---- the child process ------------------------------------------------------------------------
 
-def _die_with_parent() -> None:
-    """Linux: the kernel kills this process when its parent dies (a reward worker killed with SIGKILL leaves no child)."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
-
-
 def _child_main(conn, reward_name: str, options: dict) -> None:
     """Score what the parent sends, one message back per call: ("ok", [values]) or ("err", index, message)."""
-    os.setsid()  # its own process group: a timeout kills whatever the reward started too
-    _die_with_parent()
     try:
         fn = build_reward(reward_name, options)
     except Exception as exc:
@@ -136,23 +123,24 @@ class ScoringProcess:
     def __init__(self, reward_name: str, options: dict, timeout_s: float) -> None:
         self.reward_name, self.options, self.timeout_s = reward_name, options, timeout_s
         self.traits = reward_traits(reward_name)
-        self.ctx = mp.get_context("spawn")  # never fork a process that runs threads (a Ray actor does)
-        self.proc = None
-        self.conn = None
+        self.child: Child | None = None
         self.restarts = self.timeouts = self.crashes = 0
 
     @property
     def pid(self) -> int | None:
-        return self.proc.pid if self.proc is not None and self.proc.is_alive() else None
+        return self.child.pid if self.child is not None else None
+
+    @property
+    def proc(self):
+        return self.child.proc if self.child is not None else None
+
+    @property
+    def conn(self):
+        return self.child.conn
 
     def _start(self, startup_s: float) -> str:
         """Start a child and wait for it to have built the reward; "" when it has, else why not."""
-        parent, child = self.ctx.Pipe()
-        self.proc = self.ctx.Process(target=_child_main, args=(child, self.reward_name, self.options), daemon=True,
-                                     name=f"asyncrl-reward-{self.reward_name}")
-        self.proc.start()
-        child.close()
-        self.conn = parent
+        self.child = Child(_child_main, (self.reward_name, self.options), f"asyncrl-reward-{self.reward_name}")
         reply, why = self._next_reply(time.monotonic() + startup_s, counted=False)
         if reply is None:
             return f"reward process did not start: {why}"
@@ -160,14 +148,9 @@ class ScoringProcess:
 
     def close(self) -> None:
         """Kill the child and everything in its process group."""
-        if self.proc is not None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            self.proc.join(5)
-            self.conn.close()
-        self.proc = self.conn = None
+        if self.child is not None:
+            self.child.kill()
+        self.child = None
 
     def score(self, prompts: list[Prompt], responses: list[str], startup_s: float = 300.0) -> list[Scored]:
         """Each pair's reward or the reason it has none, in order. Per-sample rewards get `timeout_s` per sample

@@ -276,15 +276,20 @@ def load_object(dotted: str) -> object:
     return getattr(module, attr)
 
 
-def make_task(cfg, seed: int) -> AdditionTask | JsonlTask | WordProblemTask:
-    """The task a `TaskConfig` names."""
+def make_task(cfg, seed: int):
+    """The task a `TaskConfig` names: a single-turn task, or a built-in environment's own records
+    (asyncrl.core.envs.EpisodeTask: task.name=calculator or guess_number)."""
+    from asyncrl.core.envs import EpisodeTask, environment_tasks  # envs builds on this module
+
+    if cfg.name in environment_tasks():
+        return EpisodeTask(environment_tasks()[cfg.name], cfg, seed)
     if cfg.name == "addition":
         return AdditionTask(digits=cfg.digits, eval_size=cfg.eval_size, seed=seed)
     if cfg.name == "word_problems":
         return WordProblemTask(steps=cfg.steps, eval_size=cfg.eval_size, seed=seed)
     if cfg.name == "jsonl":
         return JsonlTask(cfg.path, cfg.prompt_key, cfg.answer_key, cfg.template, cfg.eval_size)
-    raise ValueError(f"unknown task {cfg.name!r}; built-in: {', '.join(TASKS)}")
+    raise ValueError(f"unknown task {cfg.name!r}; built-in: {', '.join(TASKS + tuple(environment_tasks()))}")
 
 
 def make_reward(name: str) -> RewardFn:
