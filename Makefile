@@ -8,7 +8,7 @@ SGLANG_STAMP := $(SGLANG)/.asyncrl-installed
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup sglang run run-smollm2 smoke test test-all test-fast model bench bench-smollm2 bench-engines clean
+.PHONY: setup sglang run run-smollm2 run-calculator run-guess-number smoke test test-all test-fast model bench bench-smollm2 bench-engines clean
 
 setup: $(STAMP) $(SGLANG_STAMP)
 
@@ -49,6 +49,11 @@ run-smollm2: $(STAMP) $(SGLANG_STAMP)
 	$(PY) -m asyncrl.run --config configs/smollm2_word_problems.yaml $(ARGS)
 	$(PY) -m asyncrl.plot $(or $(patsubst run.output_dir=%,%,$(filter run.output_dir=%,$(ARGS))),runs/smollm2_word_problems)
 
+# the agent recipes (README "Agents"): SmolLM2 learns to call a calculator, and to play guess-the-number
+run-calculator run-guess-number: run-%: $(STAMP) $(SGLANG_STAMP)
+	$(PY) -m asyncrl.run --config configs/smollm2_$(subst -,_,$*).yaml $(ARGS)
+	$(PY) -m asyncrl.plot $(or $(patsubst run.output_dir=%,%,$(filter run.output_dir=%,$(ARGS))),runs/smollm2_$(subst -,_,$*))
+
 smoke: $(STAMP) $(SGLANG_STAMP)
 	$(PY) -m asyncrl.run --config configs/smoke.yaml $(ARGS)
 
@@ -63,7 +68,7 @@ test-all: $(STAMP) $(SGLANG_STAMP)
 # installed into bench/.venv-trl too); see README "Benchmarks". Nothing else should run meanwhile.
 bench: $(STAMP) $(SGLANG_STAMP)
 	@start=$$(date +%s); \
-	for b in "overlap.py" "weight_sync.py" "weight_load.py" "vs_trl.py" "scaling.py" "staleness_ablation.py" "reward_pool.py" "soak.py --minutes 1 --kill-every 30"; do \
+	for b in "overlap.py" "weight_sync.py" "weight_load.py" "vs_trl.py" "scaling.py" "staleness_ablation.py" "reward_pool.py" "agentic.py" "soak.py --minutes 1 --kill-every 30"; do \
 		t0=$$(date +%s); $(PY) bench/$$b || exit 1; echo "make bench: bench/$$b took $$(( $$(date +%s) - t0 )) s"; \
 	done; \
 	echo "make bench: all took $$(( $$(date +%s) - start )) s"

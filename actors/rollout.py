@@ -132,12 +132,12 @@ class RolloutWorker:
         self.id, self.cfg, self.buffer, self.run_id = worker_id, cfg, buffer, run_id
         r, e = cfg.rollout, cfg.env
         self.env_cls = make_environment(e.name) if e.name else None
-        self.stop = self.env_cls.stop if self.env_cls else ()
+        self.stop_strings = self.env_cls.stop if self.env_cls else ()
         self.engine = make_engine(
             r.engine, model_path, cfg.model.dtype, cfg.model.max_model_len, cfg.run.seed + worker_id, r.kv_cache_gib, r.gpu_memory_utilization,
-            priority=r.oldest_first, stop_strings=bool(self.stop),
+            priority=r.oldest_first, stop_strings=bool(self.stop_strings),
         )
-        self.params = self.engine.sampling_params(r.temperature, r.top_p, r.max_new_tokens, self.stop)
+        self.params = self.engine.sampling_params(r.temperature, r.top_p, r.max_new_tokens, self.stop_strings)
         self.engine.warm_up(self.params, self.engine.tokenizer("1+1=").input_ids)
         task = make_task(cfg.task, cfg.run.seed)
         self.prompts = task.train_prompts(seed=cfg.run.seed * 1000 + worker_id, start=start_cursor)
@@ -250,7 +250,7 @@ class RolloutWorker:
 
         def submit(rid: str) -> None:
             run = runs[rid]
-            self.engine.add(rid, run.episode.next_input(), self.engine.sampling_params(temperature, r.top_p, run.turn_budget(), self.stop))
+            self.engine.add(rid, run.episode.next_input(), self.engine.sampling_params(temperature, r.top_p, run.turn_budget(), self.stop_strings))
 
         for rid in runs:
             submit(rid)
@@ -548,7 +548,7 @@ class RolloutWorker:
         if max_tokens == self.cfg.rollout.max_new_tokens:
             return self.params
         r = self.cfg.rollout
-        return self.engine.sampling_params(r.temperature, r.top_p, max_tokens, self.stop)
+        return self.engine.sampling_params(r.temperature, r.top_p, max_tokens, self.stop_strings)
 
     def _collect(self, finished: list[Finished]) -> None:
         for out in finished:
@@ -696,9 +696,10 @@ class RolloutWorker:
                 if sample_id not in group.done and (run is None or (run.pending is None and sample_id not in self.ready and not run.done)):
                     yield sample_id
 
-    def _encode(self, text: str) -> list[int]:
-        """The prompt's token ids; BadPrompt when it is empty or leaves no room for `rollout.max_new_tokens`."""
-        if not text.strip():
+    def _encode(self, text: str | list[dict]) -> list[int]:
+        """The prompt's token ids (`text`: a prompt, or an environment's opening chat messages); BadPrompt when it is
+        empty or leaves no room for `rollout.max_new_tokens` (an episode: `env.max_episode_tokens`)."""
+        if not (text.strip() if isinstance(text, str) else text):
             raise BadPrompt("empty prompt")
         ids = encode_prompt(self.engine.tokenizer, text, self.cfg.task.chat)
         if not ids:

@@ -1,6 +1,8 @@
 """See inside a run: ``python -m asyncrl.inspect RUN_DIR [--json] [--export OUT.jsonl --status consumed ...]``.
 
-Works on a finished run and on one killed mid-way. Prints the samples by
+Works on a finished run and on one killed mid-way. With multi-turn episodes
+(env.name) it also counts their turns and how they ended, and
+``--transcript SAMPLE_ID`` prints one episode turn by turn. Prints the samples by
 status, the effective-sample rate, the response-length distribution (p50 / p90 /
 p99 / max, and how many stopped on EOS or were cut at the limit), reward and
 length by policy version, which
@@ -15,7 +17,7 @@ import json
 import os
 import sys
 
-from asyncrl.analysis.runs import export_jsonl, jsonable, load_run, report, select
+from asyncrl.analysis.runs import episode_records, export_jsonl, jsonable, load_run, report, select, transcript
 from asyncrl.core.schema import Status
 
 NOT_FINISHED = "not finished (no summary.json): killed, crashed or still running"
@@ -30,6 +32,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--min-version", type=int, help="export only policy_version_start >= N")
     parser.add_argument("--max-version", type=int, help="export only policy_version_start <= N")
     parser.add_argument("--step", type=int, help="export only samples consumed at learner step N")
+    parser.add_argument("--transcript", action="append", default=[], metavar="SAMPLE_ID",
+                        help="print this episode as a transcript instead of the report (repeatable)")
     return parser.parse_args(argv)
 
 
@@ -86,6 +90,15 @@ def format_text(rep: dict) -> str:
         lines.append(f"  mean {lengths['mean']:.1f}  p50 {lengths['p50']}  p90 {lengths['p90']}  p99 {lengths['p99']}  max {lengths['max']}"
                      f"  (finish: {reasons})")
 
+    eps = rep.get("episodes")
+    if eps:
+        ends = ", ".join(f"{k} {v}" for k, v in eps["ends"].items())
+        lines += ["", "episodes (env.name)",
+                  f"  {eps['episodes']} episodes, model turns p50 {eps['turns_p50']} max {eps['turns_max']}, {eps['tool_calls']} tool calls",
+                  f"  ended: {ends}"]
+        if eps["examples"]:
+            lines.append(f"  read one: python -m asyncrl.inspect {rep['run_dir']} --transcript {eps['examples'][0]}")
+
     lines += ["", "reward / response length by policy version (consumed samples; kl/ref of the steps trained at it)"]
     if rep["by_version"]:
         rows = [
@@ -126,6 +139,11 @@ def _statuses(values: list[str]) -> list[str]:
     return out
 
 
+def _print_transcripts(table, sample_ids: list[str]) -> int:
+    print("\n\n".join(transcript(r) for r in episode_records(table, sample_ids)), flush=True)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
@@ -134,6 +152,8 @@ def main(argv: list[str] | None = None) -> int:
         if filters and not args.export:
             raise ValueError("--status, --min-version, --max-version and --step select what --export writes; add --export OUT.jsonl")
         run = load_run(args.run_dir)
+        if args.transcript:
+            return _print_transcripts(run.trajectories, args.transcript)
         rep = report(run)
         if args.export:
             chosen = select(run.trajectories, statuses, args.min_version, args.max_version, args.step)

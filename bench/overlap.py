@@ -47,12 +47,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-def run_job(config: Path, out: Path, steps: int, staleness: int) -> tuple[list[dict], dict, dict | None]:
-    """Metrics rows of steps 1.., the summary and the run's response-length distribution."""
+def run_job(config: Path, out: Path, steps: int, staleness: int, extra: tuple[str, ...] = ()) -> tuple[list[dict], dict, dict | None]:
+    """Metrics rows of steps 1.., the summary and the run's response-length distribution (`extra`: more overrides)."""
     from asyncrl.analysis.runs import load_run, response_lengths
 
     overrides = [f"run.output_dir={out}", f"run.steps={steps}", "run.max_train_minutes=0", f"buffer.max_staleness={staleness}", "run.eval=false",
-                 "logging.wandb=false", "logging.console=false", "run.checkpoint_every=0"]
+                 "logging.wandb=false", "logging.console=false", "run.checkpoint_every=0", *extra]
     proc = subprocess.run([sys.executable, "-m", "asyncrl.run", "--config", str(config), *overrides],
                           cwd=ROOT, capture_output=True, text=True, timeout=3600)
     if proc.returncode != 0:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import time
 
-from asyncrl.core.envs import Environment, EnvStep, ToolCall
+from asyncrl.core.envs import CalculatorEnv, Environment, EnvStep, ToolCall
 
 
 def reverse_digits(argument: str) -> str:
@@ -65,3 +65,32 @@ class DyingEnv(ScriptedEnv):
 
 class SlowToolEnv(ScriptedEnv):
     tools = {"tool": slow_reverse}
+
+
+def sometimes_hang(argument: str) -> str:
+    """Hangs (until killed) on the argument "hang", else answers as reverse_digits."""
+    if argument == "hang":
+        time.sleep(3600)
+    return reverse_digits(argument)
+
+
+class SometimesHangingEnv(ScriptedEnv):
+    """ScriptedEnv whose tool call hangs in about one episode in six (the episode's seed decides)."""
+
+    tools = {"tool": sometimes_hang}
+
+    def tool_call(self, text: str) -> ToolCall | None:
+        call = super().tool_call(text)
+        return ToolCall("tool", "hang") if call is not None and self.rng.random() < 1 / 6 else call
+
+
+def slow_calculator(expression: str) -> str:
+    """The calculator tool, taking 50-200 ms a call (bench/agentic.py)."""
+    from asyncrl.core.envs import calculator
+
+    time.sleep(0.05 + (sum(map(ord, expression)) % 16) / 100)
+    return calculator(expression)
+
+
+class SlowCalculatorEnv(CalculatorEnv):
+    tools = {"calc": slow_calculator}

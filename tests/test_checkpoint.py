@@ -68,10 +68,12 @@ def metric_steps(run_dir: Path) -> list[int]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("scoring", ["in_loop", "reward_pool"])
+@pytest.mark.parametrize("scoring", ["in_loop", "reward_pool", "episodes"])
 def test_sigkill_mid_run_then_resume(tiny_model_dir, tmp_path, scoring):
+    """`episodes`: multi-turn episodes with a tool (env.name), in flight when the driver is killed."""
     out = tmp_path / "run"
-    pool = ["reward.num_workers=2", "reward.num_cpus=0.5", "reward.batch_wait_s=0.05"] if scoring == "reward_pool" else []
+    pool = {"reward_pool": ["reward.num_workers=2", "reward.num_cpus=0.5", "reward.batch_wait_s=0.05"],
+            "episodes": [f"env.name={SCRIPTED_ENV}", "env.max_episode_tokens=40", "rollout.max_new_tokens=8"]}.get(scoring, [])
     cmd = [sys.executable, "-m", "asyncrl.run", "--config", "configs/smoke.yaml", f"run.output_dir={out}", f"model.path={tiny_model_dir}",
            "run.steps=16", "run.checkpoint_every=3", "run.eval=false", "learner.delay_s=0.5", "buffer.store_flush_s=0.2",
            "algorithm.filter_zero_variance=true", *pool]
@@ -83,7 +85,7 @@ def test_sigkill_mid_run_then_resume(tiny_model_dir, tmp_path, scoring):
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     assert not (out / "summary.json").exists()
-    if scoring == "reward_pool":  # the scoring children (each in its own session) die with their reward actors
+    if scoring != "in_loop":  # the scoring or tool children (each in its own session) die with their actors
         deadline = time.monotonic() + 20
         while scoring_children() and time.monotonic() < deadline:
             time.sleep(0.2)
@@ -126,6 +128,9 @@ def test_sigkill_mid_run_then_resume(tiny_model_dir, tmp_path, scoring):
     for members in groups.values():
         if any(r["status"] == "filtered" for r in members):  # whole groups, all rewards equal
             assert len(members) == 4 and {r["status"] for r in members} == {"filtered"} and len({r["reward"] for r in members}) == 1
+
+
+SCRIPTED_ENV = "tests.envs_fixture.ScriptedEnv"
 
 
 def rollout_worker_pids() -> list[int]:

@@ -1,6 +1,7 @@
 """The environment plugin API and an episode's token bookkeeping (asyncrl.core.envs): pure logic, no engine."""
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -187,3 +188,43 @@ def test_a_call_of_a_tool_the_environment_lacks_is_answered_without_running_anyt
     text = [ord(c) for c in "<tool>python: 2+3</tool>"]
     assert run.model_turn(text, [-0.1] * len(text), [0] * len(text)) is None and not run.done
     assert "no tool 'python'" in run.episode.turns[-1].text
+
+
+def test_env_config_is_validated_at_load():
+    from asyncrl.core.config import ConfigError
+
+    cfg = load_config(None, ["model.path=/x", "model.max_model_len=512", "env.name=calculator", "task.name=calculator"])
+    assert cfg.env.max_turns == 4 and cfg.env.tool_timeout_s == 10.0
+    for overrides, message in (
+        (["env.name=nope"], "env.name: unknown environment 'nope'"),
+        (["env.name=calculator", "env.max_episode_tokens=64"], "model.max_model_len: must exceed env.max_episode_tokens"),
+        (["env.name=calculator", "model.max_model_len=512", "reward.num_workers=1"], "reward.num_workers: must be 0 with env.name"),
+        (["env.max_turns=0"], "env.max_turns: input should be greater than or equal to 1"),
+        (["env.tool_timeout_s=0"], "env.tool_timeout_s: input should be greater than 0"),
+    ):
+        with pytest.raises(ConfigError, match=message):
+            load_config(None, ["model.path=/x", *overrides])
+
+
+def test_a_transcript_shows_each_turn_with_its_writer_versions_and_tokens():
+    from asyncrl.analysis.runs import transcript
+    from asyncrl.core.schema import new_sample
+
+    run = scripted_run()
+    run.model_turn([65, EOS], [-0.1, -0.1], [3, 3])
+    run.tool_done("21")
+    run.model_turn([66, EOS], [-0.1, -0.1], [3, 4])
+    run.model_turn([67, EOS], [-0.1, -0.1], [4, 4])
+    ep = run.episode
+    record = new_sample(sample_id="r-w0-g0-1", prompt_text="1+1=", prompt_ids=ep.prompt_ids, response_ids=ep.response_ids,
+                        token_versions=ep.token_versions, loss_mask=ep.loss_mask, turns=[dataclasses.asdict(t) for t in ep.turns],
+                        reward=run.end.reward, finish_reason=run.finish_reason, episode_end=run.end.reason, status="consumed")
+    assert transcript(record).splitlines() == [
+        "episode r-w0-g0-1  status consumed  reward 0.0  finish stop (scripted end)",
+        "[prompt, 2 tok] 1+1=",
+        "[model v3 -> tool tool, 2 tok] A",
+        "[tool tool, 2 tok] 21",
+        "[model v3-v4, 2 tok] B",
+        "[environment, 2 tok] 34",
+        "[model v4, 2 tok] C",
+    ]

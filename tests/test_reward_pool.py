@@ -186,7 +186,8 @@ def test_eval_scores_come_from_the_pool_and_a_failure_is_an_error(pool):
 # ---- slow: the whole pipeline with a pool ---------------------------------------------------------
 
 def scoring_children() -> list[int]:
-    """Pids of live multiprocessing children (the reward pool's scoring processes are the only ones asyncrl starts)."""
+    """Pids of live multiprocessing children (asyncrl starts only the reward pool's scoring processes and an
+    environment's tool processes)."""
     found = []
     for proc in os.listdir("/proc"):
         if not proc.isdigit():

@@ -363,6 +363,55 @@ def response_lengths(table: pa.Table) -> dict | None:
     }
 
 
+def episodes_summary(table: pa.Table) -> dict | None:
+    """Multi-turn episodes (records with a loss mask): how many, model turns per episode (p50 / max), tool calls,
+    and how they ended (`episode_end` counts), with a few sample ids to read with --transcript. None without any."""
+    if not table.num_rows or table.column("loss_mask").null_count == table.num_rows:
+        return None
+    episodes = table.filter(pc.is_valid(table.column("loss_mask"))).select(["sample_id", "turns", "episode_end", "status"]).to_pylist()
+    turns = sorted(sum(t["role"] == "model" for t in e["turns"] or []) for e in episodes)
+    ends: dict[str, int] = {}
+    for e in episodes:
+        ends[e["episode_end"] or "(still running)"] = ends.get(e["episode_end"] or "(still running)", 0) + 1
+    return {
+        "episodes": len(episodes), "turns_p50": turns[len(turns) // 2], "turns_max": turns[-1],
+        "tool_calls": sum(t["role"] == "model" and t["tool"] is not None for e in episodes for t in e["turns"] or []),
+        "ends": dict(sorted(ends.items(), key=lambda kv: -kv[1])),
+        "examples": [e["sample_id"] for e in episodes if e["status"] == "consumed"][:3],
+    }
+
+
+def episode_records(table: pa.Table, sample_ids: list[str]) -> list[dict]:
+    """The records of these episodes, in the order given; ValueError naming a missing one or one that is no episode."""
+    rows = {r["sample_id"]: r for r in table.filter(pc.is_in(table.column("sample_id"), value_set=pa.array(sample_ids, pa.string()))).to_pylist()}
+    missing = [s for s in sample_ids if s not in rows]
+    if missing:
+        raise ValueError(f"--transcript: no sample {', '.join(missing)} in this run")
+    single = [s for s in sample_ids if rows[s]["loss_mask"] is None]
+    if single:
+        raise ValueError(f"--transcript: {', '.join(single)} is not a multi-turn episode (its run had no env.name)")
+    return [rows[s] for s in sample_ids]
+
+
+def transcript(record: dict) -> str:
+    """One episode as a readable transcript: the prompt, then each turn with who wrote it (the model and the policy
+    versions of its tokens, or the environment / a tool), its token count and its text; then how it ended."""
+    head = (f"episode {record['sample_id']}  status {record['status']}  reward {record['reward']}  "
+            f"finish {record['finish_reason']} ({record['episode_end']})")
+    lines = [head, f"[prompt, {len(record['prompt_ids'])} tok] {record['prompt_text']}"]
+    versions = record["token_versions"] or []
+    for turn in record["turns"] or []:
+        n = turn["end"] - turn["start"]
+        if turn["role"] == "model":
+            vs = sorted({v for v in versions[turn["start"]:turn["end"]] if v >= 0})
+            who = "model" + (f" v{vs[0]}" if len(vs) == 1 else f" v{vs[0]}-v{vs[-1]}" if vs else "")
+            who += f" -> tool {turn['tool']}" if turn["tool"] else ""
+        else:
+            who = f"tool {turn['tool']}" if turn["tool"] else "environment"
+        lines.append(f"[{who}, {n} tok] {turn['text']}")
+    return "\n".join(lines)
+
+
 def report(run: Run) -> dict:
     """Everything `python -m asyncrl.inspect` shows, as one JSON-able dict."""
     t = run.trajectories
@@ -381,6 +430,7 @@ def report(run: Run) -> dict:
         # only a finished run has every generated sample recorded (see rollout_cost)
         "rollout_cost": rollout_cost(t) if run.finished else None,
         "response_lengths": response_lengths(t),
+        "episodes": episodes_summary(t),
         "by_version": by_version(t, run.metrics),
         "drift": {key: drift_attribution(run.metrics, t, key) for key in DRIFT_KEYS},
         "bottleneck": str(verdict),

@@ -69,8 +69,9 @@ class Environment:
         config). An environment without it plays the records of another task (`task.name`)."""
         raise NotImplementedError(f"environment {cls.name!r} has no records of its own: set task.name to a task")
 
-    def start(self) -> str:
-        """The first user message (default: the prompt's text)."""
+    def start(self) -> str | list[dict]:
+        """What the model sees first: the first user message (default: the prompt's text), or chat messages
+        (with `task.chat`; e.g. a worked example as earlier turns, then the question)."""
         return self.prompt.text
 
     def tool_call(self, text: str) -> ToolCall | None:
@@ -166,12 +167,25 @@ class CalculatorEnv(Environment):
     name = "calculator"
     tools = {"calc": calculator}
     stop = ("</tool>",)
-    PROMPT = ("Compute {expression}. You may call a calculator by writing <tool>calc: EXPRESSION</tool>; "
-              "its result comes back as <result>VALUE</result>. End with 'Answer: N'.")
+    PROMPT = ("Compute {expression}. Do not work it out yourself: first reply with only <tool>calc: {expression}</tool> "
+              "and the calculator answers <result>VALUE</result>. Then reply with 'Answer: VALUE'.")
+
+    EXAMPLE = "12 * 34"
 
     def __init__(self, prompt: Prompt, seed: int) -> None:
         super().__init__(prompt, seed)
         self.calls = 0
+
+    def start(self) -> list[dict]:
+        """A worked example (a call, its result, the answer) as earlier chat turns, then the question: a 135M
+        instruct model never wrote a tool call from the instructions alone (0 of 24 sampled, measured)."""
+        example = [
+            {"role": "user", "content": self.PROMPT.format(expression=self.EXAMPLE)},
+            {"role": "assistant", "content": f"<tool>calc: {self.EXAMPLE}</tool>"},
+            {"role": "user", "content": f"<result>{calculator(self.EXAMPLE)}</result>"},
+            {"role": "assistant", "content": f"Answer: {calculator(self.EXAMPLE)}"},
+        ]
+        return example + [{"role": "user", "content": self.prompt.text}]
 
     def tool_result(self, call: ToolCall, result: str) -> EnvStep:
         if call.name not in self.tools:
@@ -206,6 +220,13 @@ class GuessNumberEnv(Environment):
     name = "guess_number"
     PROMPT = "I am thinking of a number from {low} to {high}. Guess it: reply with one number. I will say higher or lower."
 
+    def start(self) -> list[dict]:
+        """An example game (guesses 4, 6, 5 for a secret 5 in 1..8) as earlier chat turns, then this game: without
+        it a 135M instruct model mostly chats instead of guessing (2 of 24 sampled games won, measured)."""
+        turns = [("user", self.PROMPT.format(low=1, high=8)), ("assistant", "4"), ("user", "higher"), ("assistant", "6"),
+                 ("user", "lower"), ("assistant", "5"), ("user", "Correct! New game. " + self.prompt.text)]
+        return [{"role": role, "content": content} for role, content in turns]
+
     @classmethod
     def record(cls, rng: random.Random, task) -> tuple[str, str]:
         """A secret from 1 to `task.high`."""
@@ -233,7 +254,7 @@ class Turn:
     start: int  # offsets into the episode's response tokens
     end: int
     tool: str | None = None  # the tool a model turn called, or whose result an observation is
-    text: str = ""  # an observation's text, a tool call's argument
+    text: str = ""  # the turn's text (a model turn's decoded from its tokens, for reading: the tokens are what counts)
 
 
 @dataclass
@@ -249,12 +270,12 @@ class Episode:
     token_versions: list[int] = field(default_factory=list)
     turns: list[Turn] = field(default_factory=list)
 
-    def add_model_turn(self, ids: list[int], logprobs: list[float], versions: list[int], call: ToolCall | None = None) -> None:
+    def add_model_turn(self, ids: list[int], logprobs: list[float], versions: list[int], call: ToolCall | None = None, text: str = "") -> None:
         if not len(ids) == len(logprobs) == len(versions):
             raise ValueError(f"a model turn needs one log-prob and one version per token: {len(ids)}, {len(logprobs)}, {len(versions)}")
         start = len(self.response_ids)
         self._extend(ids, [1] * len(ids), logprobs, versions)
-        self.turns.append(Turn("model", start, len(self.response_ids), call.name if call else None, call.argument if call else ""))
+        self.turns.append(Turn("model", start, len(self.response_ids), call.name if call else None, text))
 
     def add_observation(self, ids: list[int], text: str, tool: str | None = None) -> None:
         start = len(self.response_ids)
@@ -369,7 +390,7 @@ class EpisodeRun:
         """Append a model turn; returns the tool call the caller must run (then `tool_done`/`tool_failed`)."""
         text = self.decode(ids)
         call = self.env.tool_call(text)
-        self.episode.add_model_turn(ids, logprobs, versions, call)
+        self.episode.add_model_turn(ids, logprobs, versions, call, text)
         self._closed = bool(ids) and ids[-1] in self.eos_ids
         if call is None:
             self._after(self.env.step(text))

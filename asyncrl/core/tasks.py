@@ -251,14 +251,21 @@ TASKS = ("addition", "jsonl", "word_problems")
 REWARDS: dict[str, RewardFn] = {"exact_match": exact_match, "numeric_match": numeric_match}
 
 
-def encode_prompt(tokenizer, text: str, chat: bool) -> list[int]:
+def encode_prompt(tokenizer, text: str | list[dict], chat: bool) -> list[int]:
     """The token ids the engine is given for a prompt: the text as it is, or (`task.chat`) one user turn in the
-    tokenizer's chat template with the assistant's turn opened. The template is rendered to text and encoded
+    tokenizer's chat template with the assistant's turn opened; a list of chat messages (an environment's opening,
+    e.g. a worked example before the question) is rendered as it is. The template is rendered to text and encoded
     without adding special tokens again: `apply_chat_template(tokenize=True)` returns a `BatchEncoding` in
     transformers 5, whose `list()` is its key names, and a BOS the template already holds must not be doubled."""
-    if not chat:
+    if not isinstance(text, str):
+        if not chat:
+            raise ValueError("chat messages need task.chat=true")
+        messages = list(text)
+    elif not chat:
         return list(tokenizer(text).input_ids)
-    rendered = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False)
+    else:
+        messages = [{"role": "user", "content": text}]
+    rendered = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     return list(tokenizer(rendered, add_special_tokens=False).input_ids)
 
 
@@ -277,12 +284,14 @@ def load_object(dotted: str) -> object:
 
 
 def make_task(cfg, seed: int):
-    """The task a `TaskConfig` names: a single-turn task, or a built-in environment's own records
-    (asyncrl.core.envs.EpisodeTask: task.name=calculator or guess_number)."""
-    from asyncrl.core.envs import EpisodeTask, environment_tasks  # envs builds on this module
+    """The task a `TaskConfig` names: a single-turn task, or an environment's own records (asyncrl.core.envs.EpisodeTask:
+    task.name=calculator or guess_number, or the dotted path of a user's Environment subclass with a `record`)."""
+    from asyncrl.core.envs import EpisodeTask, environment_tasks, make_environment  # envs builds on this module
 
     if cfg.name in environment_tasks():
         return EpisodeTask(environment_tasks()[cfg.name], cfg, seed)
+    if "." in cfg.name:
+        return EpisodeTask(make_environment(cfg.name), cfg, seed)
     if cfg.name == "addition":
         return AdditionTask(digits=cfg.digits, eval_size=cfg.eval_size, seed=seed)
     if cfg.name == "word_problems":
