@@ -68,14 +68,16 @@ def metric_steps(run_dir: Path) -> list[int]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("scoring", ["in_loop", "reward_pool", "episodes"])
+@pytest.mark.parametrize("scoring", ["in_loop", pytest.param("reward_pool", marks=pytest.mark.extended), "episodes"])
 def test_sigkill_mid_run_then_resume(tiny_model_dir, tmp_path, scoring):
-    """`episodes`: multi-turn episodes with a tool (env.name), in flight when the driver is killed."""
+    """`episodes`: multi-turn episodes with a tool (env.name), in flight when the driver is killed (10 steps: each
+    is slower). `reward_pool` is `extended` (make test-all): test_reward_pool covers the pool's exactly-once."""
     out = tmp_path / "run"
+    steps = 10 if scoring == "episodes" else 16
     pool = {"reward_pool": ["reward.num_workers=2", "reward.num_cpus=0.5", "reward.batch_wait_s=0.05"],
             "episodes": [f"env.name={SCRIPTED_ENV}", "env.max_episode_tokens=40", "rollout.max_new_tokens=8"]}.get(scoring, [])
     cmd = [sys.executable, "-m", "asyncrl.run", "--config", "configs/smoke.yaml", f"run.output_dir={out}", f"model.path={tiny_model_dir}",
-           "run.steps=16", "run.checkpoint_every=3", "run.eval=false", "learner.delay_s=0.5", "buffer.store_flush_s=0.2",
+           f"run.steps={steps}", "run.checkpoint_every=3", "run.eval=false", "learner.delay_s=0.5", "buffer.store_flush_s=0.2",
            "algorithm.filter_zero_variance=true", *pool]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + 300
@@ -99,8 +101,8 @@ def test_sigkill_mid_run_then_resume(tiny_model_dir, tmp_path, scoring):
                          capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["resumed_at_step"] == resumed_at and summary["steps"] == 16
-    assert metric_steps(out) == list(range(16))  # steps after the checkpoint were redone once, not logged twice
+    assert summary["resumed_at_step"] == resumed_at and summary["steps"] == steps
+    assert metric_steps(out) == list(range(steps))  # steps after the checkpoint were redone once, not logged twice
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     versions = [r["policy_version"] for r in rows]
     assert versions == sorted(versions) and versions[-1] > state["version"]  # versions keep increasing
@@ -117,8 +119,8 @@ def test_sigkill_mid_run_then_resume(tiny_model_dir, tmp_path, scoring):
     first, second = [r for r in records if r["run_id"] == first_id], [r for r in records if r["run_id"] != first_id]
     kept_before = [r for r in first if r["status"] == "consumed" and r["consumed_step"] < resumed_at]
     trained = kept_before + [r for r in second if r["status"] == "consumed"]
-    assert len(trained) == 16 * 16 == summary["samples"]["consumed"]  # the steps redone after the kill trained new groups
-    assert len({r["group_id"] for r in trained}) == 16 * 4
+    assert len(trained) == steps * 16 == summary["samples"]["consumed"]  # the steps redone after the kill trained new groups
+    assert len({r["group_id"] for r in trained}) == steps * 4
     n_filtered = lambda rs: sum(r["status"] == "filtered" for r in rs)  # noqa: E731
     assert summary["samples"]["filtered"] == state["buffer_counts"]["filtered"] + n_filtered(second) > 0
     assert n_filtered(first) >= state["buffer_counts"]["filtered"]

@@ -40,7 +40,7 @@ def test_arithmetic_problems_are_deterministic_and_correct():
     assert next(task.train_prompts(0, start=2)) == prompts[2]  # a data cursor skips exactly that many
     assert len(task.eval_prompts()) == 5 and not {p.text for p in task.eval_prompts()} & {p.text for p in prompts}
     for p in prompts:
-        expression = p.text.split("Compute ", 1)[1].split(". You may", 1)[0]
+        expression = p.text.split("Compute ", 1)[1].split(". Do not", 1)[0]
         assert calculator(expression) == p.answer
 
 

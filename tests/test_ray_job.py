@@ -71,6 +71,7 @@ def submit(address: str, env: dict, *args: str) -> subprocess.CompletedProcess:
     return proc
 
 
+@pytest.mark.extended  # tests/test_readme_cluster.py submits two jobs to a `ray start` head as the README writes them
 def test_ray_job_submit_smoke(ray_cluster, tiny_model_dir, tmp_path):
     address, env = ray_cluster
     out = tmp_path / "run"

@@ -36,7 +36,12 @@ LONG_REQUESTS = ("rollout.max_new_tokens=48", "rollout.max_inflight_groups=1")
 ENGINES = ("vllm", "sglang")
 
 
-@pytest.fixture(scope="module", params=[(e, m) for e in ENGINES for m in ("keep", "abort", "drain", "resume")], ids=lambda p: "-".join(p))
+# keep and resume end to end per engine; abort and drain, whose steps the stepped tests below check exactly, are `extended`
+MODES = [pytest.param((e, m), id=f"{e}-{m}", marks=[pytest.mark.extended] if m in ("abort", "drain") else [])
+         for e in ENGINES for m in ("keep", "abort", "drain", "resume")]
+
+
+@pytest.fixture(scope="module", params=MODES)
 def run_in_mode(request, random_model_dir, tmp_path_factory) -> tuple[str, list[dict], dict]:
     engine, mode = request.param
     out = tmp_path_factory.mktemp(f"weight_update_{engine}_{mode}")
