@@ -244,8 +244,9 @@ class RolloutWorker:
         r = self.cfg.rollout
         runs: dict[str, EpisodeRun] = {}
         for i, p in enumerate(prompts):
-            env = self.env_cls(p, seed=self.cfg.run.seed * 1_000_003 + i)
-            runs[f"asyncrl-episode-{i}"] = self._episode_run(env, self._eval_ids(p, env.start()))
+            rid = f"asyncrl-episode-{i}"
+            env = self._environment(p, rid)
+            runs[rid] = self._episode_run(env, self._eval_ids(p, env.start()))
         temperature = 0.0 if greedy else r.temperature
 
         def submit(rid: str) -> None:
@@ -519,7 +520,11 @@ class RolloutWorker:
     def _new_episode(self, group: _Group, sample_id: str) -> EpisodeRun:
         """A sample's episode from its first turn; its environment's seed is the run's and the sample id's (a
         restart replays the same environment)."""
-        return self._episode_run(self.env_cls(group.prompt, seed=self.cfg.run.seed * 1_000_003 + zlib.crc32(sample_id.encode())), group.prompt_ids)
+        return self._episode_run(self._environment(group.prompt, sample_id), group.prompt_ids)
+
+    def _environment(self, prompt: Prompt, key: str):
+        """`prompt`'s environment, seeded by the run's seed and `key` (a sample id, or an evaluation episode's)."""
+        return self.env_cls(prompt, seed=self.cfg.run.seed * 1_000_003 + zlib.crc32(key.encode()))
 
     def _episode_run(self, env, prompt_ids: list[int]) -> EpisodeRun:
         tokenizer, chat = self.engine.tokenizer, self.cfg.task.chat
@@ -604,11 +609,11 @@ class RolloutWorker:
             reason = None
             run = group.episodes.get(record["sample_id"])
             try:
-                if run is not None and run.finish_reason == "tool_error":
-                    raise _ToolError(run.end.reason)
-                record["reward"] = run.end.reward if run is not None else self.reward(group.prompt, record["response_text"])
-            except _ToolError as exc:
-                reason = str(exc)
+                if run is not None:  # the environment's reward; a tool that timed out or died drops the group
+                    reason = run.end.reason if run.finish_reason == "tool_error" else None
+                    record["reward"] = None if reason else run.end.reward
+                else:
+                    record["reward"] = self.reward(group.prompt, record["response_text"])
             except RewardThreadsStuck as exc:  # no reward can run any more: this worker is done
                 reason = str(exc)
                 self._fail(f"reward {self.cfg.task.reward!r}: {exc}")
@@ -720,10 +725,6 @@ def _joined(kept: Finished | None, out: Finished) -> Finished:
     if kept is None:
         return out
     return Finished(out.request_id, kept.token_ids + out.token_ids, kept.logprobs + out.logprobs, out.finish_reason)
-
-
-class _ToolError(Exception):
-    """An episode ended by a tool that timed out or died: its group is dropped as dropped_error."""
 
 
 class BadPrompt(ValueError):
