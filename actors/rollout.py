@@ -76,6 +76,7 @@ from actors.engine import Finished
 from actors.engines import make_engine
 from actors.reward import SCORING_CHECK_S, RewardClient
 from asyncrl.core.config import Config
+from asyncrl.core.agents import AgentEnvironment, AgentHost, AgentRun
 from asyncrl.core.envs import EpisodeLimits, EpisodeRun, make_environment, observation_ids
 from asyncrl.core.messages import GroupId, LoadReport, WorkerCounters, WorkerStats, group_of
 from asyncrl.core.schema import Status, new_sample
@@ -131,7 +132,7 @@ class RolloutWorker:
         pin_to_cores(cfg.rollout.cpu_affinity)
         self.id, self.cfg, self.buffer, self.run_id = worker_id, cfg, buffer, run_id
         r, e = cfg.rollout, cfg.env
-        self.env_cls = make_environment(e.name) if e.name else None
+        self.env_cls = make_environment(e.name) if e.name else AgentEnvironment if e.agent else None
         self.stop_strings = self.env_cls.stop if self.env_cls else ()
         self.engine = make_engine(
             r.engine, model_path, cfg.model.dtype, cfg.model.max_model_len, cfg.run.seed + worker_id, r.kv_cache_gib, r.gpu_memory_utilization,
@@ -143,6 +144,9 @@ class RolloutWorker:
         self.prompts = task.train_prompts(seed=cfg.run.seed * 1000 + worker_id, start=start_cursor)
         timeout_s = cfg.task.reward_timeout_s
         self.tools = ToolPool(e.name, e.tool_workers, e.tool_timeout_s) if self.env_cls and self.env_cls.tools else None
+        self.agents = AgentHost(e.agent, e.tool_workers, e.agent_timeout_s, e.endpoint_port) if e.agent else None
+        if self.agents is not None:  # the loop drives agent episodes as tool calls: see asyncrl.core.agents
+            self.tools = self.agents
         self.limits = EpisodeLimits(e.max_turns, e.max_episode_tokens, r.max_new_tokens)
         self.eos_ids = frozenset(i for i in (self.engine.tokenizer.eos_token_id,) if i is not None)
         self.ready: set[str] = set()  # episodes whose next turn is due (submitted by the loop, never from inside a collect)
@@ -212,6 +216,8 @@ class RolloutWorker:
         self._keep_partial(self._abort(list(self._request_ids())))  # recorded with the aborted samples
         records = [s for g in self.inflight.values() for s in self._abort_records(g)]
         self.inflight.clear()
+        if self.agents is not None:  # the endpoint stops and the agents still running are killed
+            self.agents.close()
         if self.pool is not None:
             records += self.pool.finish(self.cfg.task.reward_timeout_s * 2 + 30)
         ray.get(self.pending_puts + [self.buffer.record_final.remote(records)])
@@ -513,13 +519,22 @@ class RolloutWorker:
             self.inflight[group.group_id] = group
             self.counters.groups_started += 1
             for i in range(self.cfg.rollout.group_size):
+                sample_id = group.gid.sample_id(i)
                 if self.env_cls is not None:
-                    group.episodes[group.gid.sample_id(i)] = self._new_episode(group, group.gid.sample_id(i))
-                self._submit(group, group.gid.sample_id(i))
+                    group.episodes[sample_id] = self._new_episode(group, sample_id)
+                if self.agents is not None:  # its first turn waits for the agent's first request
+                    self.agents.start((sample_id, 0), sample_id, prompt)
+                else:
+                    self._submit(group, sample_id)
 
-    def _new_episode(self, group: _Group, sample_id: str) -> EpisodeRun:
+    def _new_episode(self, group: _Group, sample_id: str) -> EpisodeRun | AgentRun:
         """A sample's episode from its first turn; its environment's seed is the run's and the sample id's (a
-        restart replays the same environment)."""
+        restart replays the same environment). With env.agent: an episode its agent drives, id the sample's."""
+        if self.agents is not None:
+            tokenizer = self.engine.tokenizer
+            return AgentRun(sample_id, self.limits, lambda messages: encode_prompt(tokenizer, messages, True),
+                            lambda messages, after_eos: observation_ids(tokenizer, messages, True, after_eos),
+                            self._decode, tokenizer.convert_ids_to_tokens, self.eos_ids, self.max_prompt)
         return self._episode_run(self._environment(group.prompt, sample_id), group.prompt_ids)
 
     def _environment(self, prompt: Prompt, key: str):
@@ -579,6 +594,8 @@ class RolloutWorker:
             self.ready.add(sample_id)
             return
         ep = run.episode
+        if self.agents is not None:  # ended before its agent returned (a limit, a bad request): its agent is told so
+            self.agents.forget((sample_id, 0), run.end.reason)
         self._sample_done(group, Finished(sample_id, ep.response_ids, ep.behavior_logprobs, run.finish_reason))
 
     def _sample_done(self, group: _Group, out: Finished) -> None:
@@ -664,7 +681,7 @@ class RolloutWorker:
             version_end = sampled[-1]
         return new_sample(
             **episode, run_id=self.run_id, sample_id=sample_id, group_id=group.group_id, prompt_id=group.prompt.prompt_id,
-            worker_id=self.id, prompt_text=group.prompt.text, prompt_ids=group.prompt_ids, response_ids=ids,
+            worker_id=self.id, prompt_text=group.prompt.text, prompt_ids=run.episode.prompt_ids if run else group.prompt_ids, response_ids=ids,
             response_text=self._decode(ids), behavior_logprobs=lps, finish_reason=reason,
             policy_version_start=start, policy_version_end=version_end, token_versions=versions,
             t_submitted=group.t_submitted, t_generated=t_gen,

@@ -81,7 +81,13 @@ class EnvConfig(_Section):
     tool_timeout_s: float = Field(10.0, gt=0)
     """Longest one tool call may take; past it the tool's process is killed and its episode ends (finish_reason tool_error), which drops its group as dropped_error."""
     tool_workers: int = Field(2, ge=1)
-    """Processes per rollout worker that run tool calls, off the engine loop (each one call at a time)."""
+    """Processes per rollout worker that run tool calls, off the engine loop (each one call at a time); with env.agent, the agents that run at once."""
+    agent: str = ""
+    """A black-box agent, by dotted path: `agent(task: dict) -> float`, run once per episode, which calls the policy through the worker's OpenAI-compatible endpoint (asyncrl.core.agents); empty: no endpoint."""
+    agent_timeout_s: float = Field(300.0, gt=0)
+    """Longest one agent episode may take; past it the agent's process is killed and its group dropped (dropped_error)."""
+    endpoint_port: int = Field(0, ge=0, le=65535)
+    """Port of the chat-completions endpoint on 127.0.0.1 (env.agent); 0: a free one (the agent is given its base_url)."""
 
 
 class RolloutConfig(_Section):
@@ -415,6 +421,8 @@ def cross_checks(cfg: Config) -> Config:
            "must name a local sequence-classification model directory when task.reward=reward_model")
     if cfg.env.name:
         _check_environment(cfg)
+    if cfg.env.agent:
+        _check_agent(cfg)
     for key, res in (("rollout.resources", r.resources), ("learner.resources", lr.resources), ("reward.resources", cfg.reward.resources)):
         _check(all(v > 0 for v in res.values()), key, "resource amounts must be > 0")
         _check(not {"CPU", "GPU", "memory"} & set(res), key, "use num_cpus / num_gpus for CPU and GPU")
@@ -431,6 +439,26 @@ def _check_environment(cfg: Config) -> None:
         raise ConfigError("env.name", str(exc)) from None
     _check(cfg.model.max_model_len > e.max_episode_tokens, "model.max_model_len", "must exceed env.max_episode_tokens")
     _check(cfg.reward.num_workers == 0, "reward.num_workers", "must be 0 with env.name: an episode's reward is its environment's")
+
+
+def _check_agent(cfg: Config) -> None:
+    from asyncrl.core.tasks import load_object
+
+    e = cfg.env
+    _check(not e.name, "env.agent", "an agent plays its own episodes: leave env.name empty")
+    try:
+        fn = load_object(e.agent)
+    except ValueError as exc:
+        raise ConfigError("env.agent", str(exc)) from None
+    _check(callable(fn), "env.agent", f"{e.agent!r} is not callable (an agent is `agent(task: dict) -> float`)")
+    _check(cfg.task.chat, "task.chat", "must be true with env.agent: the agent's messages are rendered by the chat template")
+    _check(cfg.rollout.weight_update != "abort", "rollout.weight_update",
+           "abort restarts an episode from its first turn, which a black-box agent cannot do: use keep, resume or drain")
+    _check(not cfg.run.eval, "run.eval", "the held-out evaluation does not run agents yet: set run.eval=false with env.agent")
+    _check(cfg.reward.num_workers == 0, "reward.num_workers", "must be 0 with env.agent: an episode's reward is the agent's")
+    _check(cfg.model.max_model_len > e.max_episode_tokens, "model.max_model_len", "must exceed env.max_episode_tokens")
+    _check(e.endpoint_port == 0 or cfg.rollout.num_workers == 1, "env.endpoint_port",
+           "a fixed port serves one rollout worker per node: use 0 (a free port each) with rollout.num_workers > 1")
 
 
 RENAMED = {("algorithm", "is_level"): ("rollout_correction", {"token": "token_tis", "sequence": "seq_tis"})}

@@ -300,18 +300,19 @@ class Episode:
         return [v for v, m in zip(self.token_versions, self.loss_mask) if m]
 
 
-def observation_ids(tokenizer, text: str, chat: bool, after_eos: bool = True) -> list[int]:
+def observation_ids(tokenizer, text: str | list[dict], chat: bool, after_eos: bool = True) -> list[int]:
     """The tokens appended for an observation, tokenised once. With `task.chat` they are what the chat template
     puts between the end of an assistant turn and the start of the next one, with the observation as a user
-    message: the template's rendering of [user, assistant, user(text)] + generation prompt from just after the
-    assistant's content on. When the model's turn ended with its own EOS (`after_eos`), that EOS is not
+    message (or `text`'s messages, an agent's: asyncrl.core.agents): the template's rendering of [user,
+    assistant, user(text)] + generation prompt from just after the assistant's content on. When the model's turn ended with its own EOS (`after_eos`), that EOS is not
     repeated; a turn that ended otherwise (a stop string, its token limit) is closed by the template's EOS,
     appended like the rest. The model's own turn is never re-tokenised."""
+    messages = [{"role": "user", "content": text}] if isinstance(text, str) else list(text)
     if not chat:
-        return list(tokenizer(text, add_special_tokens=False).input_ids)
+        return list(tokenizer("".join(m["content"] for m in messages), add_special_tokens=False).input_ids)
     marker = "\x00ASSISTANT\x00"
     base = [{"role": "user", "content": "u"}, {"role": "assistant", "content": marker}]
-    rendered = tokenizer.apply_chat_template(base + [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False)
+    rendered = tokenizer.apply_chat_template(base + messages, add_generation_prompt=True, tokenize=False)
     if rendered.count(marker) != 1:
         raise ValueError("the chat template does not render an assistant turn followed by a user turn; "
                          "observations cannot be appended token-in/token-out with it")

@@ -29,14 +29,22 @@ class ToolOutcome:
     seconds: float
 
 
-def _tool_main(conn, env_name: str) -> None:
-    """Run the calls the parent sends, ("tool", argument) -> ("ok", result) each (a raising tool's error is its result)."""
+def _tool_main(conn, env_name: str, agent: str = "") -> None:
+    """Run the calls the parent sends, ("tool", argument) -> ("ok", result) each (a raising tool's error is its result).
+    With `agent` (env.agent, asyncrl.core.agents) the one tool is "agent": the user's agent on a JSON task."""
+    import json
+
     from asyncrl.core.envs import make_environment
+    from asyncrl.core.tasks import load_object
 
     try:
-        tools = make_environment(env_name).tools
+        if agent:
+            fn = load_object(agent)
+            tools = {"agent": lambda argument: fn(json.loads(argument))}
+        else:
+            tools = make_environment(env_name).tools
     except Exception as exc:
-        conn.send(("fail", f"environment {env_name!r} could not be loaded for its tools: {exc!r}"))
+        conn.send(("fail", f"{'agent ' + agent if agent else f'environment {env_name!r}'} could not be loaded for its tools: {exc!r}"))
         return
     conn.send(("ready",))
     while True:
@@ -59,15 +67,17 @@ class _Slot:
 
 
 class ToolPool:
-    def __init__(self, env_name: str, size: int, timeout_s: float) -> None:
-        self.env_name, self.size, self.timeout_s = env_name, size, timeout_s
+    def __init__(self, env_name: str, size: int, timeout_s: float, agent: str = "", timeout_key: str = "env.tool_timeout_s") -> None:
+        """`agent`: run the user's agent (env.agent) instead of an environment's tools; `timeout_key`: the setting
+        a timeout's message names."""
+        self.env_name, self.size, self.timeout_s, self.agent, self.timeout_key = env_name, size, timeout_s, agent, timeout_key
         self.queue: deque[tuple[object, str, str]] = deque()
         self.slots = [self._new_slot() for _ in range(size)]
         self.calls = self.timeouts = self.crashes = 0
         self.busy_s = 0.0
 
     def _new_slot(self) -> _Slot:
-        return _Slot(Child(_tool_main, (self.env_name,), f"asyncrl-tools-{self.env_name}"), started=time.monotonic())
+        return _Slot(Child(_tool_main, (self.env_name, self.agent), f"asyncrl-tools-{self.env_name}"), started=time.monotonic())
 
     def submit(self, key: object, name: str, argument: str) -> None:
         """Queue the call `name(argument)`; its outcome comes back from a later `poll` under `key`."""
@@ -130,7 +140,7 @@ class ToolPool:
             why = f"tool {name!r} ended its process (exit code {slot.child.proc.exitcode})"
         elif now - t0 > self.timeout_s:
             self.timeouts += 1
-            why = f"tool {name!r} timed out after {self.timeout_s:g} s (env.tool_timeout_s; its process was killed)"
+            why = f"tool {name!r} timed out after {self.timeout_s:g} s ({self.timeout_key}; its process was killed)"
         if why is None:
             return None
         slot.call = None

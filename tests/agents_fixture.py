@@ -1,0 +1,53 @@
+"""Agents for tests/test_agents.py: programs that call the policy with the `openai` client, as a user's agent would.
+
+Each writes what it was answered (the client's parsed objects, dumped) and the errors it met to
+$ASYNCRL_AGENT_LOG/<episode_id>.json, for the test to check against the trajectory store."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import openai
+
+QUESTION = "Reply with one short word."
+
+
+def _client(task: dict) -> openai.OpenAI:
+    return openai.OpenAI(base_url=task["base_url"], api_key="asyncrl", max_retries=0, timeout=60)
+
+
+def _log(task: dict, entry: dict) -> None:
+    (Path(os.environ["ASYNCRL_AGENT_LOG"]) / f"{task['episode_id']}.json").write_text(json.dumps(entry))
+
+
+def two_turns(task: dict) -> float:
+    """Ask, then follow up on the reply; the reward is 1 when the second reply is longer than the first."""
+    client = _client(task)
+    messages = [{"role": "system", "content": QUESTION}, {"role": "user", "content": task["prompt"]}]
+    first = client.chat.completions.create(model="policy", messages=messages, user=task["episode_id"], logprobs=True, max_tokens=6)
+    messages += [{"role": "assistant", "content": first.choices[0].message.content}, {"role": "user", "content": "And then?"}]
+    second = client.chat.completions.create(model="policy", messages=messages, user=task["episode_id"], logprobs=True)
+    _log(task, {"messages": messages, "replies": [first.model_dump(), second.model_dump()]})
+    return float(len(second.choices[0].message.content) > len(first.choices[0].message.content))
+
+
+def misbehaving(task: dict) -> float:
+    """Requests the endpoint must refuse with a clear error, then a conversation it rewrites (which ends the episode)."""
+    client, errors = _client(task), {}
+    messages = [{"role": "user", "content": task["prompt"]}]
+    for name, kwargs in (("unknown_episode", {"user": "no-such-episode"}), ("no_episode", {}),
+                         ("stream", {"user": task["episode_id"], "stream": True}),
+                         ("tools", {"user": task["episode_id"], "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]})):
+        try:
+            client.chat.completions.create(model="policy", messages=messages, **kwargs)
+        except openai.APIStatusError as exc:
+            errors[name] = [exc.status_code, exc.body["message"] if isinstance(exc.body, dict) else str(exc.body)]
+    first = client.chat.completions.create(model="policy", messages=messages, user=task["episode_id"], max_tokens=4)
+    rewritten = messages + [{"role": "assistant", "content": first.choices[0].message.content + " (edited)"}, {"role": "user", "content": "ok"}]
+    try:
+        client.chat.completions.create(model="policy", messages=rewritten, user=task["episode_id"])
+    except openai.APIStatusError as exc:
+        errors["rewritten"] = [exc.status_code, exc.body["message"] if isinstance(exc.body, dict) else str(exc.body)]
+    _log(task, {"errors": errors})
+    return 1.0

@@ -1,0 +1,124 @@
+"""Black-box agents (env.agent) through the real rollout worker, its OpenAI-compatible endpoint, the engine and the store.
+
+A stepped worker (its own actor, the loop run by hand, as in tests/test_episodes.py) serves SmolLM2's chat
+template to agents of tests/agents_fixture.py, which call it with the `openai` client: each episode's stored
+tokens are exactly the rendered first request, the engine's sampled replies and the tokens of the messages the
+agent added (masked, version -1); what the client was answered (text, log-probs, token ids) is what was stored;
+bad requests get a clear 4xx and an agent that rewrites its conversation drops its group with the reason.
+The request parsing and the conversation check are tested without an engine.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+import ray
+from transformers import AutoTokenizer
+
+from actors.buffer import ReplayBuffer
+from actors.engines import engine_runtime_env
+from asyncrl.core.agents import ChatRequestError, divergence, normalise_messages, parse_request
+from asyncrl.core.config import ConfigError, load_config
+from asyncrl.core.envs import observation_ids
+from asyncrl.core.store import read_trajectories
+from asyncrl.core.tasks import encode_prompt
+from tests.agents_fixture import QUESTION
+from tests.test_episodes import SteppedEpisodes
+from tests.test_weight_update import ray_session  # noqa: F401 - a fixture
+
+AGENT = ("task.chat=true", "rollout.group_size=2", "rollout.max_new_tokens=8", "env.max_episode_tokens=48",
+         "model.max_model_len=256", "run.eval=false")
+
+
+def test_requests_are_parsed_and_bad_ones_refused_with_the_reason():
+    req = parse_request(json.dumps({"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}], "user": "e1",
+                                    "max_completion_tokens": 5, "logprobs": True}).encode(), None)
+    assert (req.episode_id, req.messages, req.max_tokens, req.logprobs) == ("e1", [{"role": "user", "content": "hi"}], 5, True)
+    assert parse_request(b'{"messages": [{"role": "user", "content": "x"}]}', "e2").episode_id == "e2"  # the header
+    for body, words in (({"messages": [], "user": "e"}, "non-empty"), ({"messages": [{"role": "user", "content": "x"}]}, "episode_id"),
+                        ({"messages": [{"role": "bot", "content": "x"}], "user": "e"}, "role"),
+                        ({"messages": [{"role": "user", "content": "x"}], "user": "e", "n": 2}, "n=2"),
+                        ({"messages": [{"role": "user", "content": "x"}], "user": "e", "max_tokens": 0}, "max_tokens")):
+        with pytest.raises(ChatRequestError, match=words):
+            parse_request(json.dumps(body).encode(), None)
+    with pytest.raises(ChatRequestError, match="JSON"):
+        parse_request(b"{", None)
+    with pytest.raises(ChatRequestError, match="text content"):
+        normalise_messages([{"role": "user", "content": [{"type": "image_url"}]}])
+
+
+def test_a_request_must_repeat_the_conversation_and_add_to_it():
+    known = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
+    assert divergence(known, known + [{"role": "user", "content": "more"}]) is None
+    assert "assistant's reply" in divergence(known, [known[0], {"role": "assistant", "content": "b"}, {"role": "user", "content": "x"}])
+    assert "adds no message" in divergence(known, known)
+    assert "has 1 messages" in divergence(known, known[:1])
+
+
+def test_agent_config_is_checked_at_load():
+    good = ["env.agent=tests.agents_fixture.two_turns", "task.chat=true", "run.eval=false", "model.max_model_len=512"]
+    assert load_config(None, good).env.agent == "tests.agents_fixture.two_turns"
+    for extra, key in ((["env.agent=tests.agents_fixture.nothing"], "env.agent"), (["task.chat=false"], "task.chat"),
+                       (["rollout.weight_update=abort"], "rollout.weight_update"), (["run.eval=true"], "run.eval"),
+                       (["env.name=calculator"], "env.agent")):
+        with pytest.raises(ConfigError) as err:
+            load_config(None, good + extra)
+        assert err.value.key == key
+
+
+def play(smollm2_dir, store, log, agent: str, groups: int):
+    cfg = load_config(None, [f"env.agent={agent}", *AGENT])
+    buffer = ray.remote(ReplayBuffer).remote(cfg, str(store))
+    worker = ray.remote(SteppedEpisodes).options(
+        num_cpus=1, runtime_env={**engine_runtime_env("vllm", on_gpu=False), "env_vars": {"ASYNCRL_AGENT_LOG": str(log)}}).remote(
+        0, cfg, smollm2_dir, buffer, "t")
+    try:
+        seen = ray.get(worker.play.remote(groups))
+        ray.get(worker.stop.remote())
+        ray.get(buffer.close.remote())
+    finally:
+        ray.kill(worker)
+    return read_trajectories(store).to_pylist(), seen
+
+
+@pytest.mark.slow
+def test_an_agents_episode_is_recorded_token_in_token_out(smollm2_dir, ray_session, tmp_path):  # noqa: F811
+    rows, seen = play(smollm2_dir, tmp_path / "store", tmp_path, "tests.agents_fixture.two_turns", groups=2)
+    tok = AutoTokenizer.from_pretrained(smollm2_dir)
+    assert len(rows) == 4 and len({r["sample_id"] for r in rows}) == 4
+    for r in rows:
+        assert r["status"] == "unconsumed_at_end" and r["finish_reason"] == "stop" and r["episode_end"] == "the agent returned"
+        log = json.loads((tmp_path / f"{r['sample_id']}.json").read_text())
+        first_messages = [{"role": "system", "content": QUESTION}, {"role": "user", "content": r["prompt_text"]}]
+        assert r["prompt_ids"] == encode_prompt(tok, first_messages, chat=True)  # the first request, rendered
+        turns, ids, mask, lps = r["turns"], r["response_ids"], r["loss_mask"], r["behavior_logprobs"]
+        assert [t["role"] for t in turns] == ["model", "observation", "model"]
+        engine_turns = seen[r["sample_id"]]
+        for t, (sampled, logprobs, _), reply in zip([turns[0], turns[2]], engine_turns, log["replies"]):
+            assert ids[t["start"]:t["end"]] == sampled == reply["asyncrl"]["token_ids"]  # stored = sampled = answered
+            assert mask[t["start"]:t["end"]] == [1] * len(sampled)
+            answered = [c["logprob"] for c in reply["choices"][0]["logprobs"]["content"]]
+            assert lps[t["start"]:t["end"]] == pytest.approx(logprobs, abs=1e-6) and answered == pytest.approx(logprobs, abs=1e-6)
+            assert reply["choices"][0]["message"]["content"] == tok.decode(sampled, skip_special_tokens=True) == t["text"]
+            assert reply["asyncrl"]["token_versions"] == [0] * len(sampled)
+        assert len(engine_turns[0][0]) <= 6  # the request's max_tokens
+        obs = turns[1]
+        closed = ids[obs["start"] - 1] == tok.eos_token_id
+        added = [{"role": "user", "content": "And then?"}]  # only the message the agent added is tokenised
+        assert ids[obs["start"]:obs["end"]] == observation_ids(tok, added, chat=True, after_eos=closed)
+        assert mask[obs["start"]:obs["end"]] == [0] * (obs["end"] - obs["start"]) and set(r["token_versions"][obs["start"]:obs["end"]]) == {-1}
+        assert r["reward"] == float(len(log["replies"][1]["choices"][0]["message"]["content"]) > len(log["replies"][0]["choices"][0]["message"]["content"]))
+
+
+@pytest.mark.slow
+def test_bad_requests_are_refused_and_a_rewritten_conversation_drops_its_group(smollm2_dir, ray_session, tmp_path):  # noqa: F811
+    rows, _ = play(smollm2_dir, tmp_path / "store", tmp_path, "tests.agents_fixture.misbehaving", groups=1)
+    assert len(rows) == 2 and {r["status"] for r in rows} == {"dropped_error"}
+    for r in rows:
+        assert r["episode_end"].startswith("a request does not continue its episode: messages[1] (assistant) differs")
+        errors = json.loads((tmp_path / f"{r['sample_id']}.json").read_text())["errors"]
+        assert errors["unknown_episode"][0] == 404 and "no-such-episode" in errors["unknown_episode"][1]
+        assert errors["no_episode"][0] == 400 and "episode_id" in errors["no_episode"][1]
+        assert errors["stream"][0] == 400 and "stream" in errors["stream"][1]
+        assert errors["tools"][0] == 400 and "tools" in errors["tools"][1]
+        assert errors["rewritten"][0] == 400 and "repeat the conversation" in errors["rewritten"][1]
