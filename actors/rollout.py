@@ -523,6 +523,7 @@ class RolloutWorker:
                 if self.env_cls is not None:
                     group.episodes[sample_id] = self._new_episode(group, sample_id)
                 if self.agents is not None:  # its first turn waits for the agent's first request
+                    group.starts[sample_id] = self.version
                     self.agents.start((sample_id, 0), sample_id, prompt)
                 else:
                     self._submit(group, sample_id)

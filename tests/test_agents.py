@@ -17,7 +17,8 @@ from transformers import AutoTokenizer
 
 from actors.buffer import ReplayBuffer
 from actors.engines import engine_runtime_env
-from asyncrl.core.agents import ChatRequestError, divergence, normalise_messages, parse_request
+from asyncrl.core.agents import AWAIT, AgentEnd, AgentRun, ChatRequest, ChatRequestError, divergence, normalise_messages, parse_request
+from asyncrl.core.envs import EpisodeLimits
 from asyncrl.core.config import ConfigError, load_config
 from asyncrl.core.envs import observation_ids
 from asyncrl.core.store import read_trajectories
@@ -55,6 +56,53 @@ def test_a_request_must_repeat_the_conversation_and_add_to_it():
     assert "has 1 messages" in divergence(known, known[:1])
 
 
+def hand_run(max_turns=3, max_tokens=20) -> AgentRun:
+    """An agent episode whose "tokenizer" makes one token per character of each message (EOS is 0)."""
+    render = lambda messages: [ord(c) for m in messages for c in m["content"]]  # noqa: E731
+    return AgentRun("e", EpisodeLimits(max_turns, max_tokens, 4), render, lambda messages, after_eos: render(messages),
+                    lambda ids: "".join(chr(i) for i in ids if i), lambda ids: [chr(i) for i in ids], frozenset({0}), 100)
+
+
+def test_an_agent_episode_masks_the_added_messages_and_answers_each_request():
+    run = hand_run()
+    first = ChatRequest("e", [{"role": "user", "content": "ab"}], max_tokens=2, logprobs=True)
+    run.tool_done(first)
+    assert run.pending is None and run.episode.prompt_ids == [97, 98] and run.turn_budget() == 2  # the request's max_tokens
+    assert run.model_turn([120, 0], [-0.5, -0.1], [3, 3]) is AWAIT
+    reply = first.body
+    assert reply["choices"][0]["message"]["content"] == "x" and reply["choices"][0]["finish_reason"] == "stop"
+    assert [c["logprob"] for c in reply["choices"][0]["logprobs"]["content"]] == [-0.5, -0.1]
+    assert reply["asyncrl"] == {"episode_id": "e", "token_ids": [120, 0], "token_versions": [3, 3]}
+    second = ChatRequest("e", [{"role": "user", "content": "ab"}, {"role": "assistant", "content": "x"}, {"role": "tool", "content": "cd"}])
+    run.tool_done(second)
+    run.model_turn([121], [-0.2], [4])
+    run.tool_done(AgentEnd(0.5))
+    ep = run.episode
+    assert ep.response_ids == [120, 0, 99, 100, 121] and ep.loss_mask == [1, 1, 0, 0, 1]  # only "cd" added, masked
+    assert ep.token_versions == [3, 3, -1, -1, 4] and ep.behavior_logprobs == [-0.5, -0.1, 0.0, 0.0, -0.2]
+    assert run.finish_reason == "stop" and run.end.reward == 0.5 and second.body["choices"][0]["finish_reason"] == "stop"
+
+
+def test_an_agent_episode_ends_at_its_limits_and_refuses_the_request_that_would_pass_them():
+    def two_requests(run):
+        ask = ChatRequest("e", [{"role": "user", "content": "q"}])
+        run.tool_done(ask)
+        run.model_turn([120, 0], [0.0, 0.0], [0, 0])
+        more = ChatRequest("e", ask.messages + [{"role": "assistant", "content": "x"}, {"role": "user", "content": "again please"}])
+        run.tool_done(more)
+        return more
+
+    run = hand_run(max_turns=1)
+    refused = two_requests(run)
+    assert run.finish_reason == "max_turns" and run.end.reward == 0.0 and refused.error.status == 400 and "env.max_turns=1" in str(refused.error)
+    run = hand_run(max_tokens=10)
+    refused = two_requests(run)
+    assert run.finish_reason == "length" and "env.max_episode_tokens=10" in str(refused.error)
+    run = hand_run()
+    run.tool_done(AgentEnd(1.0))  # returned without a request: an error, not a reward
+    assert run.finish_reason == "tool_error" and "without asking" in run.end.reason
+
+
 def test_agent_config_is_checked_at_load():
     good = ["env.agent=tests.agents_fixture.two_turns", "task.chat=true", "run.eval=false", "model.max_model_len=512"]
     assert load_config(None, good).env.agent == "tests.agents_fixture.two_turns"
@@ -64,6 +112,14 @@ def test_agent_config_is_checked_at_load():
         with pytest.raises(ConfigError) as err:
             load_config(None, good + extra)
         assert err.value.key == key
+
+
+@pytest.fixture(scope="module")
+def played(smollm2_dir, ray_session, tmp_path_factory):  # noqa: F811
+    """Two groups of two episodes: tests.agents_fixture.two_turns in the first, misbehaving in the second."""
+    tmp = tmp_path_factory.mktemp("agents")
+    rows, seen = play(smollm2_dir, tmp / "store", tmp, "tests.agents_fixture.by_group", groups=2)
+    return rows, seen, tmp
 
 
 def play(smollm2_dir, store, log, agent: str, groups: int):
@@ -82,10 +138,12 @@ def play(smollm2_dir, store, log, agent: str, groups: int):
 
 
 @pytest.mark.slow
-def test_an_agents_episode_is_recorded_token_in_token_out(smollm2_dir, ray_session, tmp_path):  # noqa: F811
-    rows, seen = play(smollm2_dir, tmp_path / "store", tmp_path, "tests.agents_fixture.two_turns", groups=2)
+def test_an_agents_episode_is_recorded_token_in_token_out(played, smollm2_dir):
+    rows, seen, tmp_path = played
     tok = AutoTokenizer.from_pretrained(smollm2_dir)
     assert len(rows) == 4 and len({r["sample_id"] for r in rows}) == 4
+    rows = [r for r in rows if "-g0-" in r["sample_id"]]
+    assert len(rows) == 2
     for r in rows:
         assert r["status"] == "unconsumed_at_end" and r["finish_reason"] == "stop" and r["episode_end"] == "the agent returned"
         log = json.loads((tmp_path / f"{r['sample_id']}.json").read_text())
@@ -111,8 +169,9 @@ def test_an_agents_episode_is_recorded_token_in_token_out(smollm2_dir, ray_sessi
 
 
 @pytest.mark.slow
-def test_bad_requests_are_refused_and_a_rewritten_conversation_drops_its_group(smollm2_dir, ray_session, tmp_path):  # noqa: F811
-    rows, _ = play(smollm2_dir, tmp_path / "store", tmp_path, "tests.agents_fixture.misbehaving", groups=1)
+def test_bad_requests_are_refused_and_a_rewritten_conversation_drops_its_group(played):
+    rows, _, tmp_path = played
+    rows = [r for r in rows if "-g1-" in r["sample_id"]]
     assert len(rows) == 2 and {r["status"] for r in rows} == {"dropped_error"}
     for r in rows:
         assert r["episode_end"].startswith("a request does not continue its episode: messages[1] (assistant) differs")
