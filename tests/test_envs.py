@@ -169,6 +169,10 @@ def test_an_episode_ends_at_its_turn_limit_its_token_budget_or_a_failed_tool():
     run.model_turn([66, EOS], [-0.1, -0.1], [0, 0])
     assert run.finish_reason == "max_turns" and run.end.reason == "env.max_turns=2 reached" and run.end.reward == 0.0
 
+    run = scripted_run(max_turns=1)  # a tool call on the last turn is not run: the model could never read its result
+    assert run.model_turn([65, EOS], [-0.1, -0.1], [0, 0]) is None and run.pending is None
+    assert run.finish_reason == "max_turns" and [t.role for t in run.episode.turns] == ["model"]
+
     run = scripted_run(max_tokens=6, turn_tokens=8)
     assert run.turn_budget() == 6
     run.model_turn([65, 66, 67, EOS], [-0.1] * 4, [0] * 4)

@@ -395,6 +395,8 @@ class EpisodeRun:
         self._closed = bool(ids) and ids[-1] in self.eos_ids
         if call is None:
             self._after(self.env.step(text))
+        elif self.episode.model_turns() >= self.limits.max_turns:  # the model could never read its result: not run
+            self._finish(EnvStep(done=True, reason=f"env.max_turns={self.limits.max_turns} reached"), "max_turns")
         elif call.name not in self.env.tools:  # answered at once: nothing to run
             self._after(self.env.tool_result(call, f"error: no tool {call.name!r} (tools: {', '.join(self.env.tools)})"), call.name)
         else:
