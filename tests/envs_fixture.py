@@ -94,3 +94,10 @@ def slow_calculator(expression: str) -> str:
 
 class SlowCalculatorEnv(CalculatorEnv):
     tools = {"calc": slow_calculator}
+
+
+class StoppingEnv(ScriptedEnv):
+    """ScriptedEnv whose model turns end at the stop string "3" (a digit the untrained tiny model writes often)."""
+
+    name = "stopping"
+    stop = ("3",)

@@ -130,3 +130,30 @@ def test_a_hung_tool_is_killed_at_its_timeout_and_its_group_recorded_with_the_re
     summary = json.loads(Path(out / "summary.json").read_text())
     assert summary["samples"]["consumed"] == 3 * 16 and summary["rollout"][0]["tool_errors"] >= len(dropped)
     assert set(scoring_children()) <= before, "a tool process outlived its run"
+
+
+@pytest.mark.slow
+def test_sglang_ends_model_turns_at_the_environments_stop_string(random_model_dir, ray_session, tmp_path):  # noqa: F811
+    """SGLang matches stop strings on detokenized text, so an environment with stop strings starts its tokenizer
+    (skip_tokenizer_init=False): each turn ends at its first "3" and keeps every token it sampled."""
+    cfg = load_config(None, ["rollout.engine=sglang", "rollout.group_size=4", "env.name=tests.envs_fixture.StoppingEnv",
+                             "env.max_episode_tokens=40", "rollout.max_new_tokens=8"])
+    buffer = ray.remote(ReplayBuffer).remote(cfg, str(tmp_path))
+    worker = ray.remote(SteppedEpisodes).options(num_cpus=1, runtime_env=engine_runtime_env("sglang", on_gpu=False)).remote(
+        0, cfg, random_model_dir, buffer, "t")
+    try:
+        seen = ray.get(worker.play.remote(2))
+        ray.get(worker.stop.remote())
+        ray.get(buffer.close.remote())
+    finally:
+        ray.kill(worker)
+    rows = read_trajectories(tmp_path).to_pylist()
+    tok = AutoTokenizer.from_pretrained(random_model_dir)
+    turns = [(t, r) for r in rows for t in r["turns"] if t["role"] == "model"]
+    assert len(rows) == 8 and len(turns) == 24
+    for t, r in turns:
+        text = tok.decode(r["response_ids"][t["start"]:t["end"]], skip_special_tokens=True)
+        assert "3" not in text[:-1], f"a turn went on past its stop string: {text!r}"
+    stopped = [t for t, _ in turns if t["text"].endswith("3")]
+    assert stopped, "no turn stopped at the stop string"
+    assert all(len(outs) == 3 for outs in seen.values())  # every sampled turn came back from the engine
