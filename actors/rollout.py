@@ -216,8 +216,8 @@ class RolloutWorker:
         self._keep_partial(self._abort(list(self._request_ids())))  # recorded with the aborted samples
         records = [s for g in self.inflight.values() for s in self._abort_records(g)]
         self.inflight.clear()
-        if self.agents is not None:  # the endpoint stops and the agents still running are killed
-            self.agents.close()
+        if self.agents is not None:  # the agents still running are killed; the endpoint stays up (evaluation)
+            self.agents.reset()
         if self.pool is not None:
             records += self.pool.finish(self.cfg.task.reward_timeout_s * 2 + 30)
         ray.get(self.pending_puts + [self.buffer.record_final.remote(records)])
@@ -248,9 +248,13 @@ class RolloutWorker:
         episode_end. Evaluation with env.name, and tests."""
         assert self.thread is None and self.env_cls is not None, "episodes needs env.name and the loop stopped"
         r = self.cfg.rollout
-        runs: dict[str, EpisodeRun] = {}
+        runs: dict[str, EpisodeRun | AgentRun] = {}
         for i, p in enumerate(prompts):
             rid = f"asyncrl-episode-{i}"
+            if self.agents is not None:  # its agent's requests come through the endpoint, as in training
+                runs[rid] = self._agent_run(rid)
+                self.agents.start(rid, rid, p)
+                continue
             env = self._environment(p, rid)
             runs[rid] = self._episode_run(env, self._eval_ids(p, env.start()))
         temperature = 0.0 if greedy else r.temperature
@@ -260,7 +264,8 @@ class RolloutWorker:
             self.engine.add(rid, run.episode.next_input(), self.engine.sampling_params(temperature, r.top_p, run.turn_budget(), self.stop_strings))
 
         for rid in runs:
-            submit(rid)
+            if self.agents is None:
+                submit(rid)
         while not all(run.done for run in runs.values()):
             due = []
             for out in self.engine.step():
@@ -281,6 +286,9 @@ class RolloutWorker:
                 submit(rid)
             if not self.engine.has_unfinished():
                 time.sleep(0.005)
+        for rid, run in runs.items():  # an agent still asking after its episode ended is answered 404
+            if self.agents is not None:
+                self.agents.forget(rid, run.end.reason)
         return [self._episode_fields(run) for run in runs.values()]
 
     def sample(self, texts: list[str]) -> list[dict]:
@@ -532,11 +540,14 @@ class RolloutWorker:
         """A sample's episode from its first turn; its environment's seed is the run's and the sample id's (a
         restart replays the same environment). With env.agent: an episode its agent drives, id the sample's."""
         if self.agents is not None:
-            tokenizer = self.engine.tokenizer
-            return AgentRun(sample_id, self.limits, lambda messages: encode_prompt(tokenizer, messages, True),
-                            lambda messages, after_eos: observation_ids(tokenizer, messages, True, after_eos),
-                            self._decode, tokenizer.convert_ids_to_tokens, self.eos_ids, self.max_prompt)
+            return self._agent_run(sample_id)
         return self._episode_run(self._environment(group.prompt, sample_id), group.prompt_ids)
+
+    def _agent_run(self, episode_id: str) -> AgentRun:
+        tokenizer = self.engine.tokenizer
+        return AgentRun(episode_id, self.limits, lambda messages: encode_prompt(tokenizer, messages, True),
+                        lambda messages, after_eos: observation_ids(tokenizer, messages, True, after_eos),
+                        self._decode, tokenizer.convert_ids_to_tokens, self.eos_ids, self.max_prompt)
 
     def _environment(self, prompt: Prompt, key: str):
         """`prompt`'s environment, seeded by the run's seed and `key` (a sample id, or an evaluation episode's)."""

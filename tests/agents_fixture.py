@@ -54,5 +54,5 @@ def misbehaving(task: dict) -> float:
 
 
 def by_group(task: dict) -> float:
-    """`two_turns` in a run's first group (sample ids ...-g0-N), `misbehaving` in the others: one worker tests both."""
-    return two_turns(task) if "-g0-" in task["episode_id"] else misbehaving(task)
+    """`misbehaving` in a run's second group (sample ids ...-g1-N), `two_turns` in the others (and in evaluation)."""
+    return misbehaving(task) if "-g1-" in task["episode_id"] else two_turns(task)

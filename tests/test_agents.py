@@ -22,7 +22,7 @@ from asyncrl.core.envs import EpisodeLimits
 from asyncrl.core.config import ConfigError, load_config
 from asyncrl.core.envs import observation_ids
 from asyncrl.core.store import read_trajectories
-from asyncrl.core.tasks import encode_prompt
+from asyncrl.core.tasks import Prompt, encode_prompt
 from tests.agents_fixture import QUESTION
 from tests.test_episodes import SteppedEpisodes
 from tests.test_weight_update import ray_session  # noqa: F401 - a fixture
@@ -107,7 +107,7 @@ def test_agent_config_is_checked_at_load():
     good = ["env.agent=tests.agents_fixture.two_turns", "task.chat=true", "run.eval=false", "model.max_model_len=512"]
     assert load_config(None, good).env.agent == "tests.agents_fixture.two_turns"
     for extra, key in ((["env.agent=tests.agents_fixture.nothing"], "env.agent"), (["task.chat=false"], "task.chat"),
-                       (["rollout.weight_update=abort"], "rollout.weight_update"), (["run.eval=true"], "run.eval"),
+                       (["rollout.weight_update=abort"], "rollout.weight_update"),
                        (["env.name=calculator"], "env.agent")):
         with pytest.raises(ConfigError) as err:
             load_config(None, good + extra)
@@ -118,8 +118,8 @@ def test_agent_config_is_checked_at_load():
 def played(smollm2_dir, ray_session, tmp_path_factory):  # noqa: F811
     """Two groups of two episodes: tests.agents_fixture.two_turns in the first, misbehaving in the second."""
     tmp = tmp_path_factory.mktemp("agents")
-    rows, seen = play(smollm2_dir, tmp / "store", tmp, "tests.agents_fixture.by_group", groups=2)
-    return rows, seen, tmp
+    rows, seen, evals = play(smollm2_dir, tmp / "store", tmp, "tests.agents_fixture.by_group", groups=2)
+    return rows, seen, tmp, evals
 
 
 def play(smollm2_dir, store, log, agent: str, groups: int):
@@ -132,14 +132,15 @@ def play(smollm2_dir, store, log, agent: str, groups: int):
         seen = ray.get(worker.play.remote(groups))
         ray.get(worker.stop.remote())
         ray.get(buffer.close.remote())
+        evals = ray.get(worker.episodes.remote([Prompt("q", "What is 2 + 2?", "4")] * 2, greedy=True))  # after stop, as a run's last evaluation
     finally:
         ray.kill(worker)
-    return read_trajectories(store).to_pylist(), seen
+    return read_trajectories(store).to_pylist(), seen, evals
 
 
 @pytest.mark.slow
 def test_an_agents_episode_is_recorded_token_in_token_out(played, smollm2_dir):
-    rows, seen, tmp_path = played
+    rows, seen, tmp_path, _ = played
     tok = AutoTokenizer.from_pretrained(smollm2_dir)
     assert len(rows) == 4 and len({r["sample_id"] for r in rows}) == 4
     rows = [r for r in rows if "-g0-" in r["sample_id"]]
@@ -170,7 +171,7 @@ def test_an_agents_episode_is_recorded_token_in_token_out(played, smollm2_dir):
 
 @pytest.mark.slow
 def test_bad_requests_are_refused_and_a_rewritten_conversation_drops_its_group(played):
-    rows, _, tmp_path = played
+    rows, _, tmp_path, _ = played
     rows = [r for r in rows if "-g1-" in r["sample_id"]]
     assert len(rows) == 2 and {r["status"] for r in rows} == {"dropped_error"}
     for r in rows:
@@ -181,3 +182,11 @@ def test_bad_requests_are_refused_and_a_rewritten_conversation_drops_its_group(p
         assert errors["stream"][0] == 400 and "stream" in errors["stream"][1]
         assert errors["tools"][0] == 400 and "tools" in errors["tools"][1]
         assert errors["rewritten"][0] == 400 and "repeat the conversation" in errors["rewritten"][1]
+
+
+@pytest.mark.slow
+def test_the_evaluation_plays_agents_greedily_through_the_endpoint(played):
+    *_, evals = played
+    assert len(evals) == 2 and all(e["finish_reason"] == "stop" and e["episode_end"] == "the agent returned" for e in evals)
+    assert [[t["role"] for t in e["turns"]] for e in evals] == [["model", "observation", "model"]] * 2
+    assert evals[0]["response_ids"] == evals[1]["response_ids"] and evals[0]["reward"] in (0.0, 1.0)  # greedy: the same prompt, the same episode

@@ -389,9 +389,15 @@ class AgentHost:
     def pids(self) -> list[int]:
         return self.pool.pids()
 
-    def close(self) -> None:
+    def reset(self) -> None:
+        """The run stopped: every agent still running is killed and its requests are answered 503."""
         for request in self.endpoint.take() + [e.result for events in self.held.values() for e in events if isinstance(e.result, ChatRequest)]:
             request.fail(503, "the run stopped")
-        self.held.clear()
-        self.endpoint.close()
+        self.keys, self.episodes, self.awaiting, self.held = {}, {}, {}, {}
         self.pool.close()
+        self.pool = ToolPool("agent", self.pool.size, self.pool.timeout_s, agent=self.agent, timeout_key="env.agent_timeout_s")
+
+    def close(self) -> None:
+        self.reset()
+        self.pool.close()
+        self.endpoint.close()

@@ -454,7 +454,6 @@ def _check_agent(cfg: Config) -> None:
     _check(cfg.task.chat, "task.chat", "must be true with env.agent: the agent's messages are rendered by the chat template")
     _check(cfg.rollout.weight_update != "abort", "rollout.weight_update",
            "abort restarts an episode from its first turn, which a black-box agent cannot do: use keep, resume or drain")
-    _check(not cfg.run.eval, "run.eval", "the held-out evaluation does not run agents yet: set run.eval=false with env.agent")
     _check(cfg.reward.num_workers == 0, "reward.num_workers", "must be 0 with env.agent: an episode's reward is the agent's")
     _check(cfg.model.max_model_len > e.max_episode_tokens, "model.max_model_len", "must exceed env.max_episode_tokens")
     _check(e.endpoint_port == 0 or cfg.rollout.num_workers == 1, "env.endpoint_port",
