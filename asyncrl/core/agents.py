@@ -29,7 +29,8 @@ lowers a turn's limit below `rollout.max_new_tokens`. The episode ends when the 
 one returned. It ends early, with reward 0, at `env.max_turns` or `env.max_episode_tokens` (the request that
 would pass them is answered 400); an agent that raises, times out, rewrites the conversation or never asks
 anything drops its group as dropped_error, with the reason. Streaming, `n` > 1, `stop` and the API's `tools` are refused
-with a 400 that says so (write tool calls in the text).
+with a 400 that says so (write tool calls in the text). The held-out evaluation plays the agent the same way,
+greedily (RolloutWorker.episodes).
 """
 from __future__ import annotations
 
