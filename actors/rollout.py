@@ -134,9 +134,9 @@ class RolloutWorker:
         r, e = cfg.rollout, cfg.env
         self.env_cls = make_environment(e.name) if e.name else AgentEnvironment if e.agent else None
         self.stop_strings = self.env_cls.stop if self.env_cls else ()
-        self.engine = make_engine(
+        self.engine = make_engine(  # an agent's requests may pass `stop`
             r.engine, model_path, cfg.model.dtype, cfg.model.max_model_len, cfg.run.seed + worker_id, r.kv_cache_gib, r.gpu_memory_utilization,
-            priority=r.oldest_first, stop_strings=bool(self.stop_strings),
+            priority=r.oldest_first, stop_strings=bool(self.stop_strings) or bool(e.agent),
         )
         self.params = self.engine.sampling_params(r.temperature, r.top_p, r.max_new_tokens, self.stop_strings)
         self.engine.warm_up(self.params, self.engine.tokenizer("1+1=").input_ids)
@@ -261,7 +261,7 @@ class RolloutWorker:
 
         def submit(rid: str) -> None:
             run = runs[rid]
-            self.engine.add(rid, run.episode.next_input(), self.engine.sampling_params(temperature, r.top_p, run.turn_budget(), self.stop_strings))
+            self.engine.add(rid, run.episode.next_input(), self.engine.sampling_params(temperature, r.top_p, run.turn_budget(), run.stop))
 
         for rid in runs:
             if self.agents is None:
@@ -574,13 +574,13 @@ class RolloutWorker:
         if left <= 0:  # it had used its whole budget when it was stopped: it is finished
             self._collect([Finished(sample_id, [], [], "length")])
             return
-        self.engine.add(sample_id, base + kept_ids, self._params(left), priority=oldest)
+        self.engine.add(sample_id, base + kept_ids, self._params(left, self.stop_strings if run is None else run.stop), priority=oldest)
 
-    def _params(self, max_tokens: int):
-        if max_tokens == self.cfg.rollout.max_new_tokens:
+    def _params(self, max_tokens: int, stop: tuple[str, ...]):
+        if max_tokens == self.cfg.rollout.max_new_tokens and stop == self.stop_strings:
             return self.params
         r = self.cfg.rollout
-        return self.engine.sampling_params(r.temperature, r.top_p, max_tokens, self.stop_strings)
+        return self.engine.sampling_params(r.temperature, r.top_p, max_tokens, stop)
 
     def _collect(self, finished: list[Finished]) -> None:
         for out in finished:

@@ -11,6 +11,8 @@ from pathlib import Path
 import openai
 
 QUESTION = "Reply with one short word."
+STOP = [" ", "."]
+"""The second request's stop strings: a turn of a few tokens of English meets one."""
 
 
 def _client(task: dict) -> openai.OpenAI:
@@ -27,7 +29,7 @@ def two_turns(task: dict) -> float:
     messages = [{"role": "system", "content": QUESTION}, {"role": "user", "content": task["prompt"]}]
     first = client.chat.completions.create(model="policy", messages=messages, user=task["episode_id"], logprobs=True, max_tokens=6)
     messages += [{"role": "assistant", "content": first.choices[0].message.content}, {"role": "user", "content": "And then?"}]
-    second = client.chat.completions.create(model="policy", messages=messages, user=task["episode_id"], logprobs=True)
+    second = client.chat.completions.create(model="policy", messages=messages, user=task["episode_id"], logprobs=True, stop=STOP)
     _log(task, {"messages": messages, "replies": [first.model_dump(), second.model_dump()]})
     return float(len(second.choices[0].message.content) > len(first.choices[0].message.content))
 

@@ -23,7 +23,7 @@ from asyncrl.core.config import ConfigError, load_config
 from asyncrl.core.envs import observation_ids
 from asyncrl.core.store import read_trajectories
 from asyncrl.core.tasks import Prompt, encode_prompt
-from tests.agents_fixture import QUESTION
+from tests.agents_fixture import QUESTION, STOP
 from tests.test_episodes import SteppedEpisodes
 from tests.test_weight_update import ray_session  # noqa: F401 - a fixture
 
@@ -36,10 +36,15 @@ def test_requests_are_parsed_and_bad_ones_refused_with_the_reason():
                                     "max_completion_tokens": 5, "logprobs": True}).encode(), None)
     assert (req.episode_id, req.messages, req.max_tokens, req.logprobs) == ("e1", [{"role": "user", "content": "hi"}], 5, True)
     assert parse_request(b'{"messages": [{"role": "user", "content": "x"}]}', "e2").episode_id == "e2"  # the header
+    assert req.stop == () and parse_request(b'{"messages": [{"role": "user", "content": "x"}], "stop": "</tool>"}', "e").stop == ("</tool>",)
+    assert parse_request(b'{"messages": [{"role": "user", "content": "x"}], "stop": ["a", "b", "a"]}', "e").stop == ("a", "b")
     for body, words in (({"messages": [], "user": "e"}, "non-empty"), ({"messages": [{"role": "user", "content": "x"}]}, "episode_id"),
                         ({"messages": [{"role": "bot", "content": "x"}], "user": "e"}, "role"),
                         ({"messages": [{"role": "user", "content": "x"}], "user": "e", "n": 2}, "n=2"),
-                        ({"messages": [{"role": "user", "content": "x"}], "user": "e", "max_tokens": 0}, "max_tokens")):
+                        ({"messages": [{"role": "user", "content": "x"}], "user": "e", "max_tokens": 0}, "max_tokens"),
+                        ({"messages": [{"role": "user", "content": "x"}], "user": "e", "stop": ["a", ""]}, "stop must be"),
+                        ({"messages": [{"role": "user", "content": "x"}], "user": "e", "stop": 3}, "stop must be"),
+                        ({"messages": [{"role": "user", "content": "x"}], "user": "e", "stop": list("abcde")}, "at most 4")):
         with pytest.raises(ChatRequestError, match=words):
             parse_request(json.dumps(body).encode(), None)
     with pytest.raises(ChatRequestError, match="JSON"):
@@ -145,6 +150,7 @@ def test_an_agents_episode_is_recorded_token_in_token_out(played, smollm2_dir):
     assert len(rows) == 4 and len({r["sample_id"] for r in rows}) == 4
     rows = [r for r in rows if "-g0-" in r["sample_id"]]
     assert len(rows) == 2
+    stopped = 0
     for r in rows:
         assert r["status"] == "unconsumed_at_end" and r["finish_reason"] == "stop" and r["episode_end"] == "the agent returned"
         log = json.loads((tmp_path / f"{r['sample_id']}.json").read_text())
@@ -161,12 +167,16 @@ def test_an_agents_episode_is_recorded_token_in_token_out(played, smollm2_dir):
             assert reply["choices"][0]["message"]["content"] == tok.decode(sampled, skip_special_tokens=True) == t["text"]
             assert reply["asyncrl"]["token_versions"] == [0] * len(sampled)
         assert len(engine_turns[0][0]) <= 6  # the request's max_tokens
+        second = engine_turns[1][0]  # asked with stop=STOP: it ends at the first stop string sampled, keeping its tokens
+        assert not any(s in tok.decode(second[:-1], skip_special_tokens=True) for s in STOP), "a turn went on past a stop string"
+        stopped += any(s in tok.decode(second, skip_special_tokens=True) for s in STOP)
         obs = turns[1]
         closed = ids[obs["start"] - 1] == tok.eos_token_id
         added = [{"role": "user", "content": "And then?"}]  # only the message the agent added is tokenised
         assert ids[obs["start"]:obs["end"]] == observation_ids(tok, added, chat=True, after_eos=closed)
         assert mask[obs["start"]:obs["end"]] == [0] * (obs["end"] - obs["start"]) and set(r["token_versions"][obs["start"]:obs["end"]]) == {-1}
         assert r["reward"] == float(len(log["replies"][1]["choices"][0]["message"]["content"]) > len(log["replies"][0]["choices"][0]["message"]["content"]))
+    assert stopped, f"no second reply reached a stop string of {STOP}"
 
 
 @pytest.mark.slow

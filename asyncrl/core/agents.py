@@ -28,8 +28,10 @@ behaviour log-probs are those of the distribution being trained. `max_tokens` (o
 lowers a turn's limit below `rollout.max_new_tokens`. The episode ends when the agent returns: its reward is the
 one returned. It ends early, with reward 0, at `env.max_turns` or `env.max_episode_tokens` (the request that
 would pass them is answered 400); an agent that raises, times out, rewrites the conversation or never asks
-anything drops its group as dropped_error, with the reason. Streaming, `n` > 1, `stop` and the API's `tools` are refused
-with a 400 that says so (write tool calls in the text). The held-out evaluation plays the agent the same way,
+anything drops its group as dropped_error, with the reason. `stop` (a string or up to 4) ends the turn at the first
+one sampled, as an environment's stop strings do: the reply is the decoded sampled tokens, so it keeps the stop string
+(and the rest of the token that completed it), unlike OpenAI's, and the agent sends it back as answered. Streaming,
+`n` > 1 and the API's `tools` are refused with a 400 that says so (write tool calls in the text). The held-out evaluation plays the agent the same way,
 greedily (RolloutWorker.episodes).
 """
 from __future__ import annotations
@@ -74,6 +76,7 @@ class ChatRequest:
     messages: list[dict]
     max_tokens: int | None = None
     logprobs: bool = False
+    stop: tuple[str, ...] = ()
     received: float = field(default_factory=time.monotonic)
     body: dict | None = None  # the answer
     error: ChatRequestError | None = None
@@ -112,12 +115,27 @@ def parse_request(payload: bytes, header_episode: str | None) -> ChatRequest:
         raise ChatRequestError(400, f"n={body.get('n')} is not supported: one reply per request (the run's group_size gives the samples)")
     if body.get("tools") or body.get("functions"):
         raise ChatRequestError(400, "the API's tools are not supported: write tool calls in the text and send results as messages")
-    if body.get("stop"):
-        raise ChatRequestError(400, "stop is not supported: a turn ends at the model's EOS or its token limit (cut the text in the agent)")
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
         raise ChatRequestError(400, f"max_tokens must be a positive integer, got {max_tokens!r}")
-    return ChatRequest(episode_id, normalise_messages(body.get("messages")), max_tokens, bool(body.get("logprobs")))
+    return ChatRequest(episode_id, normalise_messages(body.get("messages")), max_tokens, bool(body.get("logprobs")), stop_strings(body.get("stop")))
+
+
+MAX_STOP = 4
+"""As OpenAI's API: at most 4 stop strings per request."""
+
+
+def stop_strings(stop) -> tuple[str, ...]:
+    """A request's `stop` (null, a string or a list of strings) as a tuple, or ChatRequestError(400) naming the problem."""
+    if stop is None:
+        return ()
+    if isinstance(stop, str):
+        stop = [stop]
+    if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
+        raise ChatRequestError(400, f"stop must be a non-empty string or a list of them, got {stop!r}")
+    if len(stop) > MAX_STOP:
+        raise ChatRequestError(400, f"stop has {len(stop)} strings, at most {MAX_STOP} are allowed")
+    return tuple(dict.fromkeys(stop))
 
 
 def normalise_messages(messages) -> list[dict]:
@@ -173,6 +191,11 @@ class AgentRun:
     @property
     def done(self) -> bool:
         return self.end is not None
+
+    @property
+    def stop(self) -> tuple[str, ...]:
+        """The stop strings of the request being answered (its `stop`)."""
+        return self.request.stop if self.request is not None else ()
 
     def turn_budget(self) -> int:
         asked = self.request.max_tokens if self.request is not None and self.request.max_tokens else self.limits.turn_tokens

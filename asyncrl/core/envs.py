@@ -384,6 +384,11 @@ class EpisodeRun:
     def done(self) -> bool:
         return self.end is not None
 
+    @property
+    def stop(self) -> tuple[str, ...]:
+        """The strings that end a model turn: the environment's."""
+        return self.env.stop
+
     def turn_budget(self) -> int:
         return min(self.limits.turn_tokens, self.limits.max_tokens - len(self.episode.response_ids))
 

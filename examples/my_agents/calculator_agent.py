@@ -1,8 +1,8 @@
 """A black-box agent trained through asyncrl's OpenAI-compatible endpoint (env.agent; README "Black-box agents").
 
 It is an ordinary program that calls an OpenAI chat API: it shows the model a worked example, asks the task,
-runs the calculator itself whenever a reply asks for it (`<tool>calc: 12 * 34</tool>`) and sends back the
-result, and finally returns 1.0 when the last reply's number is the answer after at least one calculator call.
+runs the calculator itself whenever a reply asks for it (`<tool>calc: 12 * 34</tool>`: each request stops at
+`</tool>`, so the model cannot go on to invent the result) and sends back the result, and finally returns 1.0 when the last reply's number is the answer after at least one calculator call.
 asyncrl records every request token in / token out and trains the model on the replies it sampled.
 
     python -m asyncrl.run --config configs/smollm2_agent.yaml      (or: make run-agent)
@@ -32,7 +32,7 @@ def agent(task: dict) -> float:
     ]
     calls = 0
     for _ in range(3):  # call, read the result, answer
-        reply = client.chat.completions.create(model="policy", messages=messages, user=task["episode_id"])
+        reply = client.chat.completions.create(model="policy", messages=messages, user=task["episode_id"], stop=["</tool>"])
         text = reply.choices[0].message.content
         messages.append({"role": "assistant", "content": text})
         call = CALL.search(text)
