@@ -7,6 +7,7 @@ import torch
 import torch.multiprocessing as mp
 
 from asyncrl.core.weights import flatten_into_buckets, free_port, make_receiver, make_sender, plan_buckets, tensor_meta
+from tests.test_weight_transport import leave, two_ranks
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -84,19 +85,16 @@ def _nccl_end(rank: int, port: int, results) -> None:
         results["sent"] = sender.send()[0]
         sender.wait()
         torch.cuda.synchronize()
-        return
+        return leave(sender.sender.group)
     receiver = make_receiver("broadcast", "nccl", meta, buckets, torch.device(f"cuda:{rank}"))
     receiver.connect("127.0.0.1", port, 1, 2)
     results["got"] = [(n, t.float().cpu().clone()) for n, t in receiver.receive(None)]
+    leave(receiver.receiver.group)
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL needs one GPU per rank")
 def test_nccl_broadcast_delivers_every_bucket():
-    port = free_port()
-    with mp.Manager() as manager:
-        results = manager.dict()
-        mp.spawn(_nccl_end, args=(port, results), nprocs=2, join=True)
-        results = dict(results)
+    results = two_ranks(_nccl_end)
     assert results["sent"] == sum(t.numel() * 2 for t in _tensors("cpu"))
     assert all(torch.equal(got, want.float()) for (_, got), want in zip(results["got"], _tensors("cpu")))
 
