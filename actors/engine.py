@@ -36,6 +36,65 @@ def _finished(out) -> Finished:
     return Finished(out.request_id, list(comp.token_ids), lps, str(comp.finish_reason))
 
 
+def check_tensor_parallel(tensor_parallel_size: int, on_gpu: bool) -> None:
+    """A ValueError naming the key when an engine that sees no GPU is asked for tensor parallelism (the config
+    check catches rollout.num_gpus=0; this catches an actor whose GPUs CUDA cannot see)."""
+    if tensor_parallel_size > 1 and not on_gpu:
+        raise ValueError(
+            f"rollout.tensor_parallel_size={tensor_parallel_size} needs GPUs, and this engine sees none (CUDA is not "
+            "available here): use rollout.tensor_parallel_size=1 on the CPU"
+        )
+
+
+def cuda_available() -> bool:
+    """Whether this process can use a GPU (a Ray actor with num_gpus=0 sees none: Ray hides them)."""
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def vllm_engine_args(
+    model_path: str, dtype: str, max_model_len: int, seed: int, gpu_mem: float, priority: bool = False, *,
+    tensor_parallel_size: int = 1, cuda_graphs: bool = True, on_gpu: bool = False,
+) -> dict:
+    """The keyword arguments of vLLM's `LLM` (its EngineArgs) for this engine; pure, so tested without vLLM.
+
+    On the CPU: eager whatever `cuda_graphs` says, and one rank (`tensor_parallel_size` > 1 is a ValueError naming
+    the key, never quietly reduced to 1).
+    On a GPU: `enforce_eager=not cuda_graphs`, `tensor_parallel_size`, and with more than one rank the `mp`
+    executor: inside a Ray placement group (the rollout pool's) vLLM would otherwise pick its Ray executor and
+    ask Ray for GPUs this actor already holds. `gpu_memory_utilization` is passed on both (vLLM's CPU backend
+    sizes its cache by VLLM_CPU_KVCACHE_SPACE instead). The GPU arguments have never run here: no GPU with vLLM
+    was available (docs/engines-gpu.md)."""
+    check_tensor_parallel(tensor_parallel_size, on_gpu)
+    args = dict(
+        model=model_path,
+        dtype=dtype,
+        max_model_len=max_model_len,
+        seed=seed,
+        enforce_eager=not (on_gpu and cuda_graphs),
+        tensor_parallel_size=tensor_parallel_size,  # 1 on the CPU (checked above)
+        logprobs_mode="processed_logprobs",
+        worker_extension_cls=EXTENSION,
+        gpu_memory_utilization=gpu_mem,
+        scheduling_policy="priority" if priority else "fcfs",  # priority: lower values first
+    )
+    if on_gpu and tensor_parallel_size > 1:
+        args["distributed_executor_backend"] = "mp"
+    return args
+
+
+def check_weight_sync_ranks(tensor_parallel_size: int) -> None:
+    """The weight group gives each engine one rank (asyncrl/orchestration/weight_sync.py: world = 1 + engines), but
+    every tensor-parallel rank of an engine joins it: refuse clearly instead of a rendezvous that fails or hangs."""
+    if tensor_parallel_size > 1:
+        raise NotImplementedError(
+            f"rollout.tensor_parallel_size={tensor_parallel_size}: the weight sync gives each engine one rank of the "
+            "weight group, and every tensor-parallel rank would join it; until it gives each engine "
+            "tensor_parallel_size ranks (docs/engines-gpu.md), use rollout.tensor_parallel_size=1"
+        )
+
+
 def configure_cpu_env(kv_cache_gib: float) -> None:
     """vLLM reads these at import/start: in-process engine core, a fixed KV cache size."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -44,22 +103,17 @@ def configure_cpu_env(kv_cache_gib: float) -> None:
 
 class VLLMEngine:
     def __init__(
-        self, model_path: str, dtype: str, max_model_len: int, seed: int, kv_cache_gib: float, gpu_mem: float, priority: bool = False
+        self, model_path: str, dtype: str, max_model_len: int, seed: int, kv_cache_gib: float, gpu_mem: float, priority: bool = False,
+        tensor_parallel_size: int = 1, cuda_graphs: bool = True,
     ) -> None:
+        """`tensor_parallel_size` and `cuda_graphs` apply on a GPU only (`vllm_engine_args`); untested there."""
         configure_cpu_env(kv_cache_gib)
+        args = vllm_engine_args(model_path, dtype, max_model_len, seed, gpu_mem, priority, tensor_parallel_size=tensor_parallel_size,
+                                cuda_graphs=cuda_graphs, on_gpu=cuda_available())
         from vllm import LLM
 
-        self.llm = LLM(
-            model=model_path,
-            dtype=dtype,
-            max_model_len=max_model_len,
-            seed=seed,
-            enforce_eager=True,
-            logprobs_mode="processed_logprobs",
-            worker_extension_cls=EXTENSION,
-            gpu_memory_utilization=gpu_mem,
-            scheduling_policy="priority" if priority else "fcfs",  # priority: lower values first
-        )
+        self.llm = LLM(**args)
+        self.tensor_parallel_size = args["tensor_parallel_size"]
         self.engine = self.llm.llm_engine
         self.tokenizer = self.llm.get_tokenizer()
         self.latest: dict[str, object] = {}  # request id -> its newest output while it runs (vLLM's cumulative kind)
@@ -134,6 +188,7 @@ class VLLMEngine:
         return contextlib.nullcontext()
 
     def init_weight_sync(self, host: str, port: int, rank: int, world: int, transport: list, meta: list, bucket_bytes: int):
+        check_weight_sync_ranks(self.tensor_parallel_size)
         return self.llm.collective_rpc("asyncrl_init_weight_sync", args=(host, port, rank, world, list(transport), meta, bucket_bytes))
 
     def receive_weights(self, payload=None) -> int:

@@ -13,9 +13,13 @@ import copy
 import math
 import os
 import time
+from collections.abc import Iterator
 
 import ray
 import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_state_dict, set_state_dict
+from torch.distributed.tensor import DTensor
 from transformers import AutoModelForCausalLM
 
 from algorithms import AdvantageInputs, LossInputs, get_algorithm
@@ -26,10 +30,12 @@ from asyncrl.core.config import Config
 from asyncrl.core.messages import SentWeights
 from asyncrl.core.shaping import shaped_reward
 from asyncrl.core import learner_group as lg
+from asyncrl.core import memory as mem
+from asyncrl.core.sharding import shard_model
 from asyncrl.core.models.value import ValueModel
 from asyncrl.core.util import pin_to_cores
 from asyncrl.core import lora as lora_lib
-from asyncrl.core.weights import bucket_buffers, flatten_into_buckets, free_port, make_sender, plan_buckets, resolve_backend, tensor_meta, unpack
+from asyncrl.core.weights import free_port, make_sender, plan_buckets, resolve_backend, tensor_meta
 
 
 def _device(name: str) -> torch.device:
@@ -39,38 +45,56 @@ def _device(name: str) -> torch.device:
 
 
 class Learner:
+    """One rank of the learner group (`asyncrl.core.learner_group`): its FSDP2 shard of the policy, the critic and the
+    reference. Models are loaded in fp32 (the master weights) and sharded when the group is joined
+    (`init_learner_group`; world 1 joins a one-process group at first use)."""
+
     def __init__(self, cfg: Config, model_path: str, rank: int = 0) -> None:
         cores = cfg.learner.cpu_affinity
         pin_to_cores([cores[rank % len(cores)]] if cores and cfg.learner.num_workers > 1 else cores)
         torch.set_num_threads(cfg.learner.torch_threads)
         torch.manual_seed(cfg.run.seed)
-        self.cfg, self.device = cfg, _device(cfg.learner.device)
-        dtype = getattr(torch, cfg.model.dtype)
-        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(self.device)
-        lora = cfg.learner.lora
+        self.cfg, self.device, self.model_path = cfg, _device(cfg.learner.device), model_path
+        self.compute_dtype = getattr(torch, cfg.model.dtype)  # forward and backward; the master weights are fp32
+        lcfg, lora = cfg.learner, cfg.learner.lora
+        self.memory = self._check_memory(rank)  # before any weight is loaded
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+        if lcfg.gradient_checkpointing:
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.lora_modules: list[str] | None = None  # LoRA: the checkpoint modules a weight sync sends, merged
-        if lora.rank > 0:  # the reference policy is this model with the adapter off: no second copy
+        self.ref_model = None  # the frozen reference: none when nothing reads it, the adapter off with LoRA
+        if lora.rank > 0:
             self.model = lora_lib.wrap(self.model, lora.rank, lora.alpha, lora.target_modules, lora.top_layers)
             self.lora_modules = lora_lib.sync_modules(self.model)
-            self.ref_model = None
-        else:
-            self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
+        elif self._reference_kept():
+            self.ref_model = copy.deepcopy(self.model).to(self.compute_dtype).eval().requires_grad_(False)
         self.model.train()
-        trainable = [p for p in self.model.parameters() if p.requires_grad]
-        self.opt = torch.optim.AdamW(trainable, lr=cfg.learner.lr, weight_decay=cfg.learner.weight_decay)
         self.algo = get_algorithm(cfg.algorithm.name)
-        self.critic = ValueModel(model_path, dtype).to(self.device) if has_critic(self.algo) else None
-        if self.critic is not None:
-            self.critic_opt = torch.optim.AdamW(self.critic.parameters(), lr=cfg.learner.critic_lr, weight_decay=cfg.learner.weight_decay)
+        self.critic = ValueModel(model_path, torch.float32) if has_critic(self.algo) else None
         self.pad_id = self.model.config.pad_token_id or 0
         self.sender = None  # this end of the weight transport (rank 0 only; asyncrl.core.weights.make_sender)
-        self.weight_wait_s = 0.0  # this step's wait for a version in flight to leave the parameters
-        self.flat_weights: list[torch.Tensor] | None = None  # what a sync sends, one flat buffer per send bucket
-        self.merge_views: list[torch.Tensor] | None = None  # LoRA: each merged weight's place in flat_weights
-        self.dp = lg.GroupInfo()  # the learner group; world 1 until init_learner_group
+        self.dp: lg.GroupInfo | None = None  # the learner group, joined by init_learner_group or at first use
         self.steps_done = 0
         self.skipped_steps = 0
         self.last_good: tuple[dict, dict] | None = None
+
+    def _check_memory(self, rank: int) -> mem.MemoryEstimate:
+        """Print what each rank will hold and fail, before loading weights, when it cannot fit (asyncrl/core/memory.py)."""
+        lcfg, lora = self.cfg.learner, self.cfg.learner.lora
+        counts = mem.model_counts(self.model_path, lora if lora.rank > 0 else None, has_critic(get_algorithm(self.cfg.algorithm.name)))
+        size = self.compute_dtype.itemsize
+        ref = self._reference_kept() or lora.rank > 0
+        est = mem.estimate(counts, lcfg.num_workers, size, ref, lcfg.offload)
+        if rank == 0:
+            print(f"learner memory per rank ({counts.params / 1e6:.1f} M parameters, {counts.trainable / 1e6:.1f} M trained, "
+                  f"{lcfg.num_workers} worker(s), {self.cfg.model.dtype} compute, offload={lcfg.offload}; activations not counted):\n{est.table()}", flush=True)
+        alternatives = {"learner.offload=true": mem.estimate(counts, lcfg.num_workers, size, ref, True),
+                        f"learner.num_workers={2 * lcfg.num_workers}": mem.estimate(counts, 2 * lcfg.num_workers, size, ref, lcfg.offload)}
+        if self.device.type == "cuda" and not lcfg.offload:
+            mem.check_fits(est, mem.device_capacity_gb(self.device), alternatives)
+        elif self.device.type == "cpu":
+            mem.check_fits(est, mem.device_capacity_gb(self.device), {})
+        return est
 
     def node_id(self) -> str:
         return ray.get_runtime_context().get_node_id()
@@ -79,27 +103,66 @@ class Learner:
         return ray.util.get_node_ip_address()
 
     def init_learner_group(self, host: str, port: int, rank: int, world: int) -> bool:
-        self.dp = lg.init_learner_group(host, port, rank, world, self.backend())
-        modules = [self.model] + ([self.critic] if self.critic is not None else [])
-        lg.broadcast_params([p for m in modules for p in m.parameters()], self.dp)
+        self._shard(lg.init_learner_group(host, port, rank, world, self.backend(), self.device))
         return True
 
+    def _ready(self) -> lg.GroupInfo:
+        """The group this learner trains in: world 1 (a one-process group) unless init_learner_group joined another."""
+        if self.dp is None:
+            self._shard(lg.single_group(self.backend(), self.device))
+        return self.dp
+
+    def _shard(self, group: lg.GroupInfo) -> None:
+        """FSDP2 over the group for each model, then the optimizers on the sharded (fp32) parameters."""
+        if self.dp is not None:
+            raise RuntimeError("the learner is already in a group")
+        self.dp, lcfg = group, self.cfg.learner
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device.index if self.device.index is not None else 0)
+        for model in (self.model, self.ref_model, self.critic):
+            if model is not None:
+                shard_model(model, group, self.compute_dtype, lcfg.offload)
+        trainable = [p for p in self.model.parameters() if p.requires_grad]
+        self.opt = torch.optim.AdamW(trainable, lr=lcfg.lr, weight_decay=lcfg.weight_decay)
+        if self.critic is not None:
+            self.critic_opt = torch.optim.AdamW(self.critic.parameters(), lr=lcfg.critic_lr, weight_decay=lcfg.weight_decay)
+        self.sync_meta = tensor_meta(self._sync_shapes())
+        self.buckets = plan_buckets(self.sync_meta, lcfg.sync_bucket_bytes)
+
     def close(self) -> None:
-        lg.close(self.dp)
+        if self.dp is not None:
+            lg.close(self.dp)
 
     # ---- weight publishing ---------------------------------------------------------
 
     def pick_port(self, host: str) -> int:
         return free_port(host)
 
-    def _sync_tensors(self) -> list[tuple[str, torch.Tensor]]:
-        """(checkpoint name, tensor) of what a sync sends: every parameter, or with LoRA the adapted layers merged."""
+    def _sync_shapes(self) -> list[tuple[str, torch.Tensor]]:
+        """(checkpoint name, a tensor of the sent shape and dtype) of what a sync sends: every parameter, or with LoRA
+        the adapted layers (merged) and their fused siblings. No data is read: the shapes are the global ones."""
+        dtype = self.compute_dtype
         if self.lora_modules is None:
-            return list(self.model.named_parameters())
-        return lora_lib.merged_named_weights(self.model, self.lora_modules)
+            return [(n, torch.empty(p.shape, dtype=dtype, device="meta")) for n, p in self.model.named_parameters()]
+        return [(f"{n}.weight", torch.empty(lora_lib.base_weight(self.model, n).shape, dtype=dtype, device="meta")) for n in self.lora_modules]
+
+    def _gathered_buckets(self) -> Iterator[torch.Tensor]:
+        """Each send bucket, packed flat in the engines' dtype, gathered from the shards one bucket at a time: the
+        extra memory of a sync is a bucket, not a model. A collective: every rank iterates it to the end."""
+        full = lambda t: lg.full_tensor(t, self.device)  # noqa: E731
+        params = None if self.lora_modules is not None else dict(self.model.named_parameters())
+        with torch.no_grad():
+            for bucket in self.buckets:
+                names = [self.sync_meta[i].name for i in bucket]
+                if params is not None:
+                    tensors = [full(params[n]) for n in names]
+                else:
+                    tensors = [lora_lib.merged_weight(self.model, n.removesuffix(".weight"), full) for n in names]
+                yield torch.cat([t.to(self.compute_dtype).reshape(-1) for t in tensors])
 
     def weight_meta(self) -> list[list]:
-        return [[m.name, m.dtype, list(m.shape)] for m in tensor_meta(self._sync_tensors())]
+        self._ready()
+        return [[m.name, m.dtype, list(m.shape)] for m in self.sync_meta]
 
     def backend(self) -> str:
         """The torch.distributed backend of the learner's groups: gloo on CPUs, NCCL on GPUs (`learner.backend`)."""
@@ -110,32 +173,26 @@ class Learner:
         return self.cfg.learner.weight_transport, self.backend()
 
     def init_weight_sync(self, host: str, port: int, world_size: int) -> bool:
-        """(Re)build the weight group; a version still in flight to the old group is abandoned."""
-        self.params = [p for _, p in self.model.named_parameters()]
-        meta = tensor_meta(self._sync_tensors())
-        self.buckets = plan_buckets(meta, self.cfg.learner.sync_bucket_bytes)
+        """(Re)build the weight group (rank 0); a version still in flight to the old group is abandoned."""
+        self._ready()
         if self.sender is None:
-            transport = self.cfg.learner.weight_transport
-            if transport == "broadcast" and self.lora_modules is not None:  # buffers the merged weights are written into
-                self.flat_weights = bucket_buffers(meta, self.buckets, self.device)
-                self.merge_views = [v for buf, bucket in zip(self.flat_weights, self.buckets) for _, v in unpack(buf, meta, bucket)]
-            elif transport == "broadcast":  # the policy's parameters then live in the send buckets
-                self.flat_weights = flatten_into_buckets(self.params, self.buckets)
-            self.sender = make_sender(transport, self.backend(), self.params, self.buckets, self.flat_weights)
+            self.sender = make_sender(self.cfg.learner.weight_transport, self.backend())
         self.sender.connect(host, port, world_size)
         return True
 
     def send_weights(self) -> SentWeights:
-        """Post the current weights and return without waiting for the engines: bytes, seconds and the payload the
-        engines need to receive them (None for a broadcast; CUDA IPC handles). With a broadcast the weights are sent
-        in place: the next optimizer step waits for the transfer, the forward and backward passes before it do not."""
+        """Gather the weights bucket by bucket and post each to the engines (rank 0), returning without waiting for
+        the engines: bytes, seconds and the payload they need to receive them (None for a broadcast; CUDA IPC
+        handles). Every rank of the group calls it: the gathers are collectives."""
+        self._ready()
         t0 = time.monotonic()
-        if self.merge_views is not None:  # LoRA: merge into the send buffers once the version before has left them
-            self.sender.wait()
-            with torch.no_grad():
-                for view, (_, weight) in zip(self.merge_views, self._sync_tensors()):
-                    view.copy_(weight)
-        sent, payload = self.sender.send()
+        buckets = self._gathered_buckets()
+        if self.dp.rank == 0:
+            sent, payload = self.sender.send(buckets)
+        else:
+            sent, payload = 0, None
+            for _ in buckets:
+                pass
         return SentWeights(bytes=sent, seconds=time.monotonic() - t0, payload=payload)
 
     def weights_loaded(self) -> bool:
@@ -143,19 +200,11 @@ class Learner:
         self.sender.release()
         return True
 
-    def _weights_writable(self) -> None:
-        """The weights are about to change: the version in flight must have left them (timed: `time/weight_wait_s`).
-        With LoRA the send buffers are not the parameters, so nothing waits."""
-        if self.sender is not None and self.merge_views is None:
-            t0 = time.monotonic()
-            self.sender.wait()
-            self.weight_wait_s += time.monotonic() - t0
-
     # ---- training ------------------------------------------------------------------
 
     def train_step(self, samples: list[dict], version: int) -> dict:
         t0 = time.time()
-        self.weight_wait_s = 0.0
+        self._ready()
         a = self.cfg.algorithm
         batch = collate(samples, self.pad_id, self.device, a.mask_truncated)
         max_new = self.cfg.rollout.max_new_tokens
@@ -211,7 +260,7 @@ class Learner:
             "learner/skipped_updates": skipped,
             "learner/skipped_total": self.skipped_steps,
             "learner/lr": self.opt.param_groups[0]["lr"],
-            "time/weight_wait_s": self.weight_wait_s,
+            "learner/peak_mem_gb": mem.peak_memory_gb(self.device),
             "time/train_start": t0,
             "time/train_end": time.time(),
         })
@@ -231,7 +280,7 @@ class Learner:
         saving one forward pass over the batch: one mini-batch (no optimizer step before any forward), one learner
         (the rows stay local), and nothing that needs the KL before the update (a KL alert, KL in the reward)."""
         a, lcfg = self.cfg.algorithm, self.cfg.learner
-        return lcfg.mini_batches == 1 and self.dp.world == 1 and a.kl_alert <= 0 and not (a.kl_penalty == "reward" and a.kl_coef > 0)
+        return lcfg.mini_batches == 1 and self._ready().world == 1 and a.kl_alert <= 0 and not (a.kl_penalty == "reward" and a.kl_coef > 0)
 
     def _ref_logprobs(self, batch: Batch, temp: float) -> torch.Tensor:
         """Log-probs of the frozen reference policy [B, T]: the initial model, or with LoRA the adapter switched off."""
@@ -239,6 +288,11 @@ class Learner:
             return token_logprobs(self.ref_model, batch, temp)[0]
         with self.model.disable_adapter():
             return token_logprobs(self.model, batch, temp)[0]
+
+    def _reference_kept(self) -> bool:
+        """A reference policy is kept when something reads it: the KL penalty, the KL alert or the kl/ref metric."""
+        a = self.cfg.algorithm
+        return a.kl_coef > 0 or a.kl_alert > 0 or a.kl_ref_every > 0
 
     def _reference_needed(self) -> bool:
         """The KL is used (penalty, alert) or this is a monitoring step (`algorithm.kl_ref_every`)."""
@@ -268,7 +322,6 @@ class Learner:
             for group in self.opt.param_groups:
                 group["lr"] *= 0.5
         elif a.kl_action == "rollback" and self.last_good is not None:
-            self._weights_writable()
             self.model.load_state_dict(self.last_good[0])
             self.opt.load_state_dict(self.last_good[1])
             metrics["alert/rolled_back"] = 1.0
@@ -277,9 +330,10 @@ class Learner:
 
     def _updates(self, batch: Batch, model, opt, loss_fn, loss_key: str, grad_key: str) -> tuple[dict, int]:
         """Mini-batch updates of `model`; each is the mean over its units whatever the micro-batch split
-        and the number of learner workers (each takes its shard of every mini-batch)."""
+        and the number of learner workers (each takes its shard of every mini-batch). FSDP2 reduce-scatters the
+        mean of the workers' gradients: times the world size over the total units, that is the batch's mean."""
         lcfg, acc, skipped = self.cfg.learner, {}, 0
-        params = [p for p in model.parameters() if p.requires_grad]  # with LoRA the adapter only: all-reduced, clipped
+        params = [p for group in opt.param_groups for p in group["params"]]  # the sharded trainable ones (LoRA: the adapter)
         lengths = batch.attention_mask.sum(-1)  # [B]
         for mini in torch.arange(batch.size, device=self.device).chunk(lcfg.mini_batches):
             opt.zero_grad(set_to_none=True)
@@ -293,10 +347,9 @@ class Learner:
                 (out.loss * out.weight).backward()
                 outs.append(out)
             total = lg.sum_scalar(sum(o.weight for o in outs), self.dp) or 1.0
-            lg.sum_grads(params, self.dp)
             for p in params:
                 if p.grad is not None:
-                    p.grad /= total
+                    p.grad *= self.dp.world / total
             for o in outs:
                 _accumulate(acc, {**o.metrics, loss_key: o.loss.item()}, o.weight / total / lcfg.mini_batches)
             skipped += int(not self._optimizer_step(params, opt, acc, grad_key))
@@ -305,75 +358,128 @@ class Learner:
 
     def _optimizer_step(self, params: list[torch.Tensor], opt, acc: dict, grad_key: str) -> bool:
         clip = self.cfg.learner.grad_clip or math.inf
-        norm = torch.nn.utils.clip_grad_norm_(params, clip).item()
+        norm = torch.nn.utils.clip_grad_norm_(params, clip)
+        norm = (norm.full_tensor() if isinstance(norm, DTensor) else norm).item()
         acc[grad_key] = norm
         if not math.isfinite(norm):
             opt.zero_grad(set_to_none=True)
             self.skipped_steps += 1
             return False
-        self._weights_writable()
         opt.step()
         return True
 
     # ---- inspection ----------------------------------------------------------------
 
-    def parameters_and_grads(self) -> dict[str, tuple[torch.Tensor, torch.Tensor | None]]:
-        """{name: (weight, grad)} on the CPU, for tests and debugging."""
-        return {n: (p.detach().cpu().clone(), None if p.grad is None else p.grad.cpu().clone()) for n, p in self.model.named_parameters()}
+    def parameters_and_grads(self, which: str = "policy") -> dict[str, tuple[torch.Tensor, torch.Tensor | None]]:
+        """{name: (weight, grad)} of the policy (or "critic") whole, on the CPU, for tests and debugging (a collective:
+        every rank calls it)."""
+        self._ready()
+        model = {"policy": self.model, "critic": self.critic}[which]
+        full = lambda t: lg.full_tensor(t, self.device).cpu().clone()  # noqa: E731
+        return {n: (full(p), None if p.grad is None else full(p.grad)) for n, p in model.named_parameters()}
 
     def sequence_logprobs(self, token_ids: list[int], temperature: float = 1.0) -> list[float]:
+        """Log-probs of each next token of `token_ids` under the policy (a collective: every rank calls it)."""
+        self._ready()
         ids = torch.tensor([token_ids], device=self.device)
         with torch.no_grad():
             logits = self.model(ids).logits[0, :-1].float() / temperature  # [T-1, V]
             lps = torch.log_softmax(logits, -1).gather(-1, ids[0, 1:, None])[:, 0]
         return lps.tolist()
 
-    def save_checkpoint(self, directory: str) -> str:
-        """learner.pt: policy, critic, optimizers, counters and RNG (every rank holds the same; rank 0 writes)."""
-        state = {
-            "model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
-            "steps_done": self.steps_done, "skipped_steps": self.skipped_steps, "torch_rng": torch.get_rng_state(),
-        }
-        if self.critic is not None:
-            state.update(critic=self.critic.state_dict(), critic_optimizer=self.critic_opt.state_dict())
-        path = f"{directory}/learner.pt"
-        torch.save(state, path)
-        return path
+    # ---- checkpoints and the exported model --------------------------------------------
 
-    def save_policy(self, path: str) -> str:
-        """The policy's state_dict alone (a snapshot for offline evaluation), written atomically."""
-        tmp = f"{path}.tmp"
-        torch.save(self._plain_model().state_dict(), tmp)
-        os.replace(tmp, path)
+    def _train_state(self) -> dict:
+        """The sharded state of every trained model and optimizer (DTensors: each rank holds its shards)."""
+        model_sd, optim_sd = get_state_dict(self.model, self.opt)
+        state = {"model": model_sd, "optimizer": optim_sd}
+        if self.critic is not None:
+            state["critic"], state["critic_optimizer"] = get_state_dict(self.critic, self.critic_opt)
+        return state
+
+    def save_checkpoint(self, directory: str) -> str:
+        """learner/ (torch.distributed.checkpoint: every rank writes its shards) and learner-rank<R>.pt (counters and
+        RNG). A collective: every rank calls it with the same directory (on storage every rank's node reaches)."""
+        self._ready()
+        path = f"{directory}/{CHECKPOINT_DIR}"
+        dcp.save(self._train_state(), checkpoint_id=path)
+        counters = {"steps_done": self.steps_done, "skipped_steps": self.skipped_steps, "torch_rng": torch.get_rng_state(),
+                    "world": self.dp.world, "critic": self.critic is not None}
+        torch.save(counters, f"{directory}/learner-rank{self.dp.rank}.pt")
         return path
 
     def load_checkpoint(self, directory: str) -> int:
-        """Continue from learner.pt; the reference policy stays the run's initial model. Returns steps done."""
-        state = torch.load(f"{directory}/learner.pt", map_location=self.device, weights_only=True)
-        self._weights_writable()
-        self.model.load_state_dict(state["model"])
-        self.opt.load_state_dict(state["optimizer"])
+        """Continue from a checkpoint written at any learner world size (DCP reshards); the reference policy stays
+        the run's initial model. Returns steps done."""
+        self._ready()
+        if not os.path.isdir(f"{directory}/{CHECKPOINT_DIR}"):
+            raise ValueError(f"{directory} has no {CHECKPOINT_DIR}/: not a learner checkpoint of this version of asyncrl")
+        own = f"{directory}/learner-rank{self.dp.rank}.pt"
+        counters = torch.load(own if os.path.isfile(own) else f"{directory}/learner-rank0.pt", weights_only=True)
+        if self.critic is not None and not counters["critic"]:
+            raise ValueError(f"{directory} has no critic: it was written by a run without one")
+        state = self._train_state()
+        dcp.load(state, checkpoint_id=f"{directory}/{CHECKPOINT_DIR}")
+        set_state_dict(self.model, self.opt, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
         if self.critic is not None:
-            if "critic" not in state:
-                raise ValueError(f"{directory} has no critic: it was written by a run without one")
-            self.critic.load_state_dict(state["critic"])
-            self.critic_opt.load_state_dict(state["critic_optimizer"])
-        self.steps_done, self.skipped_steps = state["steps_done"], state["skipped_steps"]
-        torch.set_rng_state(state["torch_rng"].cpu())
+            set_state_dict(self.critic, self.critic_opt, model_state_dict=state["critic"], optim_state_dict=state["critic_optimizer"])
+        self.steps_done, self.skipped_steps = counters["steps_done"], counters["skipped_steps"]
+        torch.set_rng_state(counters["torch_rng"].cpu())
         return self.steps_done
 
-    def _plain_model(self) -> torch.nn.Module:
-        """The policy as an ordinary Hugging Face model (with LoRA: a merged copy; the adapter stays in training)."""
+    def _full_state_dict(self) -> dict[str, torch.Tensor]:
+        """The policy's whole state dict on rank 0's CPU, gathered one tensor at a time (other ranks: {}). With LoRA
+        the peft model's keys (adapter and base). A collective."""
+        self._ready()
+        return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+    def _plain_state_dict(self, full: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """An ordinary Hugging Face state dict of the policy (with LoRA: the adapter merged into its layers)."""
         if self.lora_modules is None:
-            return self.model
-        return copy.deepcopy(self.model).merge_and_unload()
+            return full
+        lora = self.cfg.learner.lora
+        return lora_lib.merge_state_dict(full, lora.alpha / lora.rank)
+
+    def save_policy(self, path: str) -> str:
+        """The policy's state_dict alone (a snapshot for offline evaluation), written atomically by rank 0. A collective."""
+        plain = self._plain_state_dict(self._full_state_dict())
+        if self.dp.rank == 0:
+            tmp = f"{path}.tmp"
+            torch.save(plain, tmp)
+            os.replace(tmp, path)
+        return path
 
     def save(self, path: str, tokenizer_from: str) -> str:
+        """The final policy as a Hugging Face directory (`from_pretrained` reads it), in model.dtype, and with LoRA the
+        adapter alone too, as a peft adapter in `path`/adapter. Written by rank 0; a collective."""
         from transformers import AutoTokenizer
 
-        self._plain_model().save_pretrained(path)
+        full = self._full_state_dict()
+        if self.dp.rank != 0:
+            return path
+        export = plain_model(self.model_path, self._plain_state_dict(full), self.compute_dtype)
+        export.save_pretrained(path)
         AutoTokenizer.from_pretrained(tokenizer_from).save_pretrained(path)
+        if self.lora_modules is not None:
+            lora_lib.save_adapter(self.model, full, f"{path}/adapter")
         return path
+
+
+CHECKPOINT_DIR = "learner"
+"""The sharded learner state inside a run checkpoint (torch.distributed.checkpoint's format)."""
+
+
+def plain_model(model_path: str, state: dict[str, torch.Tensor], dtype: torch.dtype) -> torch.nn.Module:
+    """A Hugging Face model of `model_path`'s architecture holding `state` (built on the meta device: no second
+    initialisation of the weights)."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model_path)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(state, strict=True, assign=True)
+    model.tie_weights()
+    return model.to(dtype)
 
 
 def _accumulate(acc: dict, metrics: dict, weight: float) -> None:

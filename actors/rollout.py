@@ -137,6 +137,7 @@ class RolloutWorker:
         self.engine = make_engine(  # an agent's requests may pass `stop`
             r.engine, model_path, cfg.model.dtype, cfg.model.max_model_len, cfg.run.seed + worker_id, r.kv_cache_gib, r.gpu_memory_utilization,
             priority=r.oldest_first, stop_strings=bool(self.stop_strings) or bool(e.agent),
+            tensor_parallel_size=r.tensor_parallel_size, cuda_graphs=r.cuda_graphs,  # GPU only (docs/engines-gpu.md)
         )
         self.params = self.engine.sampling_params(r.temperature, r.top_p, r.max_new_tokens, self.stop_strings)
         self.engine.warm_up(self.params, self.engine.tokenizer("1+1=").input_ids)

@@ -48,7 +48,7 @@ import threading
 import time
 from pathlib import Path
 
-from actors.engine import Finished
+from actors.engine import Finished, check_tensor_parallel, check_weight_sync_ranks, cuda_available
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIMS = ROOT / "shims" / "sglang_cpu"
@@ -102,27 +102,51 @@ def kv_tokens(model_path: str, dtype: str, kv_cache_gib: float) -> int:
     return max(1024, int(kv_cache_gib * 2**30 // per_token))
 
 
+def sglang_engine_args(
+    model_path: str, dtype: str, max_model_len: int, seed: int, gpu_mem: float, priority: bool = False, stop_strings: bool = False, *,
+    tensor_parallel_size: int = 1, cuda_graphs: bool = True, on_gpu: bool = False, cpu_kv_tokens: int | None = None,
+) -> dict:
+    """The keyword arguments of `sglang.Engine` (its ServerArgs) for this engine; pure, so tested without SGLang.
+
+    On the CPU: SGLang's CPU engine, eager (`disable_cuda_graph`) whatever `cuda_graphs` says, one rank
+    (`tensor_parallel_size` > 1 is a ValueError naming the key), a KV cache of `cpu_kv_tokens` tokens
+    (`kv_tokens`). On a GPU: `tp_size=tensor_parallel_size` (SGLang starts one scheduler process per rank, on
+    the first tp_size GPUs this actor sees), `disable_cuda_graph=not cuda_graphs` and
+    `mem_fraction_static=gpu_mem` (rollout.gpu_memory_utilization). The GPU arguments have never run here: no GPU
+    with SGLang was available (docs/engines-gpu.md)."""
+    check_tensor_parallel(tensor_parallel_size, on_gpu)
+    args = dict(
+        model_path=model_path, dtype=dtype, context_length=max_model_len, random_seed=seed, tp_size=tensor_parallel_size,
+        skip_tokenizer_init=not stop_strings, log_level="error", disable_cuda_graph=not (on_gpu and cuda_graphs),
+    )
+    if priority:  # lower values first, as vLLM's priority policy
+        args.update(enable_priority_scheduling=True, schedule_low_priority_values_first=True)
+    if on_gpu:
+        args["mem_fraction_static"] = gpu_mem
+    else:  # SGLang's CPU engine; these cores have no AMX, so its attention kernels are not usable
+        if cpu_kv_tokens is None:
+            raise ValueError("sglang_engine_args: cpu_kv_tokens is needed on the CPU (kv_tokens)")
+        args.update(device="cpu", attention_backend="torch_native", max_total_tokens=cpu_kv_tokens)
+    return args
+
+
 class SGLangEngine:
     def __init__(
         self, model_path: str, dtype: str, max_model_len: int, seed: int, kv_cache_gib: float, gpu_mem: float, priority: bool = False,
-        stop_strings: bool = False,
+        stop_strings: bool = False, tensor_parallel_size: int = 1, cuda_graphs: bool = True,
     ) -> None:
+        """`tensor_parallel_size` and `cuda_graphs` apply on a GPU only (`sglang_engine_args`); untested there."""
         check_installed()
-        import torch
+        on_gpu = cuda_available()
+        check_tensor_parallel(tensor_parallel_size, on_gpu)  # before SGLang's import and the KV sizing
         import sglang
         from transformers import AutoTokenizer
 
-        on_gpu = torch.cuda.is_available()
-        args = dict(
-            model_path=model_path, dtype=dtype, context_length=max_model_len, random_seed=seed, tp_size=1,
-            skip_tokenizer_init=not stop_strings, log_level="error", disable_cuda_graph=not on_gpu,
+        args = sglang_engine_args(
+            model_path, dtype, max_model_len, seed, gpu_mem, priority, stop_strings, tensor_parallel_size=tensor_parallel_size,
+            cuda_graphs=cuda_graphs, on_gpu=on_gpu, cpu_kv_tokens=None if on_gpu else kv_tokens(model_path, dtype, kv_cache_gib),
         )
-        if priority:  # lower values first, as vLLM's priority policy
-            args.update(enable_priority_scheduling=True, schedule_low_priority_values_first=True)
-        if on_gpu:
-            args["mem_fraction_static"] = gpu_mem
-        else:  # SGLang's CPU engine; these cores have no AMX, so its attention kernels are not usable
-            args.update(device="cpu", attention_backend="torch_native", max_total_tokens=kv_tokens(model_path, dtype, kv_cache_gib))
+        self.tensor_parallel_size = args["tp_size"]
         self.engine = sglang.Engine(**args)
         self.tm = self.engine.tokenizer_manager
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
@@ -237,6 +261,7 @@ class SGLangEngine:
     def init_weight_sync(self, host: str, port: int, rank: int, world: int, transport: list, meta: list, bucket_bytes: int):
         """Join the weight group as `rank` (SGLang's own `init_weights_update_group`), or for cuda_ipc only keep
         the bucket plan. Returns one flag per engine process, as vLLM's collective_rpc does."""
+        check_weight_sync_ranks(self.tensor_parallel_size)
         from sglang.srt.managers.io_struct import InitWeightsUpdateGroupReqInput
 
         import torch

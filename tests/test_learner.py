@@ -25,6 +25,16 @@ def learner(model_dir, *overrides):
     return Learner(cfg, model_dir)
 
 
+def weights(lrn, which="policy") -> list[torch.Tensor]:
+    """The learner's weights, whole (gathered from its FSDP shards), in parameter order."""
+    return [w for w, _ in lrn.parameters_and_grads(which).values()]
+
+
+def grads(lrn, which="policy") -> list[torch.Tensor]:
+    """The gradients left by the last update, whole, in parameter order (frozen parameters left out)."""
+    return [g for _, g in lrn.parameters_and_grads(which).values() if g is not None]
+
+
 def test_collate_aligns_targets_and_masks():
     batch = collate(fake_samples(1, 2), pad_id=0)
     # prompt of 5 tokens, response of 3: targets 5..7 are response -> mask positions 4..6
@@ -36,9 +46,9 @@ def test_collate_aligns_targets_and_masks():
 
 def test_train_step_changes_weights_and_reports_metrics(random_model_dir):
     lrn = learner(random_model_dir)
-    before = [p.detach().clone() for p in lrn.model.parameters()]
+    before = weights(lrn)
     metrics = lrn.train_step(fake_samples(), version=0)
-    changed = sum(not torch.equal(a, b) for a, b in zip(before, lrn.model.parameters()))
+    changed = sum(not torch.equal(a, b) for a, b in zip(before, weights(lrn)))
     assert changed > 0
     for key in ("reward/mean", "reward/std", "kl/ref", "kl/ref_k1", "kl/ref_k2", "kl/ref_k3", "kl/behavior",
                 "is_ratio/mean", "is_ratio/max", "is_ratio/ess", "loss/policy"):
@@ -55,9 +65,10 @@ def test_micro_batch_accumulation_matches_whole_batch(random_model_dir, loss_agg
     # the accumulated gradient (left in .grad after the step) is the batch gradient either way;
     # weights are not compared: Adam divides near-zero gradients by their own size, so fp32
     # summation-order noise can move a single element by a visible fraction of lr
-    for a, b in zip(whole.model.parameters(), split.model.parameters()):
-        assert a.grad is not None and a.grad.abs().sum() > 0
-        torch.testing.assert_close(a.grad, b.grad, atol=1e-6, rtol=1e-4)
+    assert len(grads(whole)) == len(weights(whole))
+    for a, b in zip(grads(whole), grads(split)):
+        assert a.abs().sum() > 0
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4)
 
 
 def ragged_samples():
@@ -77,10 +88,10 @@ def test_length_sorted_trimmed_micro_batches_match_the_whole_batch(random_model_
     batch = collate(ragged_samples(), pad_id=0)
     assert batch.select(torch.tensor([0, 6])).trimmed().width < batch.width  # the trimming is exercised
     m_whole, m_split = whole.train_step(ragged_samples(), version=0), split.train_step(ragged_samples(), version=0)
-    for a, b in zip(whole.model.parameters(), split.model.parameters()):
-        torch.testing.assert_close(a.grad, b.grad, atol=1e-6, rtol=1e-4)
-    for a, b in zip(whole.critic.parameters(), split.critic.parameters()) if algo == "ppo" else ():
-        torch.testing.assert_close(a.grad, b.grad, atol=1e-6, rtol=1e-4)
+    for a, b in zip(grads(whole), grads(split)):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4)
+    for a, b in zip(grads(whole, "critic"), grads(split, "critic")) if algo == "ppo" else ():
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4)
     for key in ("loss/policy", "learner/entropy", "kl/behavior"):
         assert m_whole[key] == pytest.approx(m_split[key], rel=1e-4, abs=1e-6)
     assert m_whole["samples/response_len_max"] == 6 and m_whole["samples/response_len_p50"] == 4.0  # lengths 1,1,1,2,2,3,3,4,4,4,5,5,5,6,6,6
@@ -95,12 +106,12 @@ def test_mask_truncated_takes_cut_responses_out_of_the_loss(random_model_dir):
     other = [dict(s) for s in samples]
     other[1]["response_ids"] = [9, 9, 9, 9, 9]  # what a masked response says cannot matter; its reward still does
     other[1]["behavior_logprobs"] = [-5.0] * 5
-    grads = []
+    grad_sets = []
     for batch_samples in (samples, other):
         lrn = learner(random_model_dir, "algorithm.mask_truncated=true")
         lrn.train_step(batch_samples, version=0)
-        grads.append([p.grad.clone() for p in lrn.model.parameters()])
-    for a, b in zip(*grads):
+        grad_sets.append(grads(lrn))
+    for a, b in zip(*grad_sets):
         torch.testing.assert_close(a, b, atol=1e-7, rtol=1e-5)
 
 
@@ -140,8 +151,8 @@ def test_proximal_from_the_update_matches_a_separate_proximal_pass(random_model_
             for s in samples:
                 s["behavior_logprobs"] = [-1.0, -4.0, -2.0]
         m_fused, m_separate = fused.train_step(samples, version=step), separate.train_step(samples, version=step)
-        for a, b in zip(fused.model.parameters(), separate.model.parameters()):
-            torch.testing.assert_close(a.grad, b.grad, atol=1e-6, rtol=1e-4)
+        for a, b in zip(grads(fused), grads(separate)):
+            torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4)
         for key in ("kl/ref", "kl/ref_k1", "kl/behavior", "learner/entropy", "loss/policy", "is_ratio/mean", "is_ratio/max"):
             assert m_fused[key] == pytest.approx(m_separate[key], rel=1e-4, abs=1e-6), key
     assert m_fused["kl/ref"] > 0  # the second step's policy has moved off the reference
@@ -156,8 +167,8 @@ def test_reference_pass_every_n_steps_when_only_monitoring(random_model_dir):
         assert ("kl/ref" in m_sparse) == (step % 2 == 0)
         if step % 2 == 0:
             assert m_sparse["kl/ref"] == pytest.approx(m_every["kl/ref"], abs=1e-7)
-        for a, b in zip(every_step.model.parameters(), sparse.model.parameters()):  # monitoring only: same update
-            torch.testing.assert_close(a.grad, b.grad)
+        for a, b in zip(grads(every_step), grads(sparse)):  # monitoring only: same update
+            torch.testing.assert_close(a, b)
         assert "kl/ref" in never_but_used.train_step(fake_samples(), step)  # a KL penalty needs it every step
 
 
@@ -179,12 +190,12 @@ def test_positive_advantage_raises_its_logprob(random_model_dir, algorithm):
 
 def test_non_finite_loss_skips_the_update(random_model_dir):
     lrn = learner(random_model_dir)
-    before = [p.detach().clone() for p in lrn.model.parameters()]
+    before = weights(lrn)
     samples = fake_samples()
     samples[0]["behavior_logprobs"] = [float("nan")] * 3
     metrics = lrn.train_step(samples, version=0)
     assert metrics["learner/skipped_updates"] == 1 and metrics["learner/skipped_total"] == 1
-    assert all(torch.equal(a, b) for a, b in zip(before, lrn.model.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(before, weights(lrn)))
 
 
 def test_kl_alert_reduces_lr(random_model_dir):
@@ -197,17 +208,17 @@ def test_kl_alert_reduces_lr(random_model_dir):
 
 def test_kl_alert_rolls_back_to_last_good_weights(random_model_dir):
     lrn = learner(random_model_dir, "algorithm.kl_alert=1e-9", "algorithm.kl_action=rollback")
-    initial = [p.detach().clone() for p in lrn.model.parameters()]
+    initial = weights(lrn)
     lrn.train_step(fake_samples(), version=0)  # KL 0: snapshot the initial weights, then update
-    assert not all(torch.equal(a, b) for a, b in zip(initial, lrn.model.parameters()))
+    assert not all(torch.equal(a, b) for a, b in zip(initial, weights(lrn)))
     metrics = lrn.train_step(fake_samples(), version=0)  # KL > threshold: back to the snapshot, no update
     assert metrics["alert/rolled_back"] == 1.0
-    assert all(torch.equal(a, b) for a, b in zip(initial, lrn.model.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(initial, weights(lrn)))
 
 
 def test_ppo_trains_its_critic_towards_the_returns(random_model_dir):
     lrn = learner(random_model_dir, "algorithm.name=ppo", "learner.critic_lr=3e-3")
-    policy_before = [p.detach().clone() for p in lrn.model.parameters()]
+    policy_before = weights(lrn)
     first = lrn.train_step(fake_samples(), version=0)
     assert first["critic/value_mean"] == 0.0  # zero-initialised head
     for key in ("loss/value", "critic/grad_norm", "critic/explained_variance", "critic/return_mean", "loss/policy"):
@@ -217,7 +228,7 @@ def test_ppo_trains_its_critic_towards_the_returns(random_model_dir):
     # half the rewards are 1: the value first learns their mean, which halves the squared error
     assert last["loss/value"] < 0.6 * first["loss/value"]
     assert abs(last["critic/value_mean"] - last["critic/return_mean"]) < 0.15
-    assert not all(torch.equal(a, b) for a, b in zip(policy_before, lrn.model.parameters()))
+    assert not all(torch.equal(a, b) for a, b in zip(policy_before, weights(lrn)))
 
 
 def test_ppo_micro_batch_accumulation_matches_whole_batch(random_model_dir):
@@ -225,8 +236,8 @@ def test_ppo_micro_batch_accumulation_matches_whole_batch(random_model_dir):
     split = learner(random_model_dir, "algorithm.name=ppo", "learner.micro_batch_size=5")
     for lrn in (whole, split):
         lrn.train_step(fake_samples(), version=0)
-    for a, b in zip(whole.critic.parameters(), split.critic.parameters()):
-        torch.testing.assert_close(a.grad, b.grad, atol=1e-6, rtol=1e-4)
+    for a, b in zip(grads(whole, "critic"), grads(split, "critic")):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4)
 
 
 def test_kl_penalty_in_reward_changes_the_advantages(random_model_dir):
@@ -246,6 +257,6 @@ def test_save_policy_writes_the_weights_alone(random_model_dir, tmp_path):
     path = lrn.save_policy(str(tmp_path / "step-000001.pt"))
     state = torch.load(path, weights_only=True)
     assert set(state) == set(lrn.model.state_dict())  # a bare state_dict: no optimizer, no counters
-    for name, tensor in lrn.model.state_dict().items():
+    for name, (tensor, _) in lrn.parameters_and_grads().items():
         assert torch.equal(state[name], tensor)
     assert not list(tmp_path.glob("*.tmp"))

@@ -1,8 +1,6 @@
 """LoRA RL on the random tiny model: only the adapter trains, the reference is the adapter switched off,
 and a sync sends the merged weights of the adapted layers (with their fused siblings), which the real
 vLLM engine then scores exactly as the learner does."""
-import copy
-
 import pytest
 import ray
 import torch
@@ -11,6 +9,7 @@ from transformers import AutoModelForCausalLM
 from asyncrl.core import lora as lora_lib
 from asyncrl.core.config import ConfigError, load_config
 from asyncrl.core.models.cache import ModelSource
+from asyncrl.core.weights import unpack
 from asyncrl.orchestration.controller import Controller
 from tests.test_learner import fake_samples, learner
 from tests.test_weight_sync import SEQ
@@ -20,16 +19,16 @@ LORA = ["learner.lora.rank=4", "learner.lora.alpha=8"]
 
 def test_only_the_adapter_trains_and_the_reference_is_the_base_model(random_model_dir):
     lrn = learner(random_model_dir, *LORA, "learner.lora.target_modules=[q_proj, v_proj]")
-    named = dict(lrn.model.named_parameters())
-    trainable = {n for n, p in named.items() if p.requires_grad}
+    before = {n: w for n, (w, _) in lrn.parameters_and_grads().items()}
+    trainable = {n for n, p in lrn.model.named_parameters() if p.requires_grad}
     assert trainable and all(".lora_A." in n or ".lora_B." in n for n in trainable)
+    named = dict(lrn.model.named_parameters())  # the sharded parameters the optimizer steps
     assert {id(p) for g in lrn.opt.param_groups for p in g["params"]} == {id(named[n]) for n in trainable}
-    before = {n: p.detach().clone() for n, p in named.items()}
     base_lps = lrn.sequence_logprobs(SEQ)  # B = 0: the wrapped model is the base model
     for step in range(3):
         metrics = lrn.train_step(fake_samples(), version=step)
     assert metrics["kl/ref"] > 0  # the policy moved away from the reference
-    changed = {n for n, p in lrn.model.named_parameters() if not torch.equal(p, before[n])}
+    changed = {n for n, (w, _) in lrn.parameters_and_grads().items() if not torch.equal(w, before[n])}
     assert changed and changed <= trainable  # the base weights are untouched
     assert any(".lora_B." in n for n in changed)
     with lrn.model.disable_adapter():
@@ -46,15 +45,31 @@ def test_sync_sends_adapted_layers_and_their_fused_siblings_merged(random_model_
                       "model.layers.0.self_attn.v_proj", "model.layers.0.mlp.down_proj"]
     for step in range(2):
         lrn.train_step(fake_samples(), version=step)
-    merged = dict(lora_lib.merged_named_weights(lrn.model, modules))
-    reference = copy.deepcopy(lrn.model).merge_and_unload().state_dict()
+    meta = lrn.weight_meta()
+    sent = [t for flat, bucket in zip(lrn._gathered_buckets(), lrn.buckets) for _, t in unpack(flat, lrn.sync_meta, bucket)]
+    merged = dict(zip([m[0] for m in meta], sent))  # what the engine receives, by the names it is told
     assert set(merged) == {f"{m}.weight" for m in modules}
+    # peft's own merge of an unsharded copy of the same weights
+    reference = peft_copy(lrn).merge_and_unload().state_dict()
     for name, weight in merged.items():
         torch.testing.assert_close(weight, reference[name], atol=1e-6, rtol=1e-5)
     q = "model.layers.0.self_attn.q_proj.weight"
-    assert not torch.equal(merged[q], lrn.model.get_submodule("base_model.model.model.layers.0.self_attn.q_proj").base_layer.weight)
-    meta = lrn.weight_meta()
-    assert [m[0] for m in meta] == list(merged)  # what the engine is told it will receive
+    base = lrn.parameters_and_grads()["base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight"][0]
+    assert not torch.equal(merged[q], base)
+    # the exported policy (snapshots, the final model) merges the same way
+    plain = lora_lib.merge_state_dict(lrn._full_state_dict(), 8 / 4)
+    for name, weight in merged.items():
+        torch.testing.assert_close(weight, plain[name], atol=1e-6, rtol=1e-5)
+
+
+def peft_copy(lrn):
+    """An unsharded peft model holding the learner's weights (gathered)."""
+    from transformers import AutoModelForCausalLM
+
+    lora = lrn.cfg.learner.lora
+    model = lora_lib.wrap(AutoModelForCausalLM.from_pretrained(lrn.model_path, dtype=torch.float32), lora.rank, lora.alpha, lora.target_modules)
+    model.load_state_dict({n: w for n, (w, _) in lrn.parameters_and_grads().items()}, strict=False)
+    return model
 
 
 def test_lora_config_is_validated():

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from asyncrl.core.weights import flatten_into_buckets, free_port, make_receiver, make_sender, plan_buckets, tensor_meta
+from asyncrl.core.weights import free_port, make_receiver, make_sender, pack, plan_buckets, tensor_meta
 from tests.test_weight_transport import leave, two_ranks
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -28,10 +28,10 @@ def _buckets(tensors):
 def _ipc_learner(handles_q, done_q, results) -> None:
     params = _tensors("cuda:0")
     meta, buckets = _buckets(params)
-    sender = make_sender("cuda_ipc", "nccl", params, buckets, None)
+    sender = make_sender("cuda_ipc", "nccl")
     sender.connect("127.0.0.1", 0, 2)
     for version in range(VERSIONS):
-        nbytes, handles = sender.send()
+        nbytes, handles = sender.send(pack(params, b) for b in buckets)  # the learner's gathered buckets
         sender.wait()
         for p in params:
             p.mul_(2.0)  # the next optimizer step, before the engine has loaded: it must see the snapshot
@@ -80,9 +80,9 @@ def _nccl_end(rank: int, port: int, results) -> None:
     tensors = _tensors(f"cuda:{rank}")
     meta, buckets = _buckets(tensors)
     if rank == 0:
-        sender = make_sender("broadcast", "nccl", tensors, buckets, flatten_into_buckets(tensors, buckets))
+        sender = make_sender("broadcast", "nccl")
         sender.connect("127.0.0.1", port, 2)
-        results["sent"] = sender.send()[0]
+        results["sent"] = sender.send(pack(tensors, b) for b in buckets)[0]
         sender.wait()
         torch.cuda.synchronize()
         return leave(sender.sender.group)
@@ -104,9 +104,9 @@ def test_the_nccl_group_forms_and_a_bucket_broadcast_completes_on_one_gpu():
     backend, and the flat uint8 view that `_broadcast` posts), with the learner's own sender classes."""
     tensors = _tensors("cuda:0")
     meta, buckets = _buckets(tensors)
-    sender = make_sender("broadcast", "nccl", tensors, buckets, flatten_into_buckets(tensors, buckets))
+    sender = make_sender("broadcast", "nccl")
     sender.connect("127.0.0.1", free_port(), 1)
-    assert sender.send()[0] == sum(m.nbytes for m in meta)
+    assert sender.send(pack(tensors, b) for b in buckets)[0] == sum(m.nbytes for m in meta)
     sender.wait()
     torch.cuda.synchronize()
     assert all(torch.equal(t, w) for t, w in zip(tensors, _tensors("cuda:0")))

@@ -107,8 +107,12 @@ class RolloutConfig(_Section):
     """Groups one worker keeps in its engine at once."""
     kv_cache_gib: float = Field(1.0, gt=0)
     """KV cache per engine on the CPU (vLLM: VLLM_CPU_KVCACHE_SPACE; SGLang: max_total_tokens that fill it)."""
-    gpu_memory_utilization: float = 0.4
-    """Engine memory fraction on a GPU (ignored on the CPU)."""
+    gpu_memory_utilization: float = Field(0.4, gt=0, le=1)
+    """Fraction of each GPU's memory an engine takes for weights, activations and KV cache (vLLM gpu_memory_utilization, SGLang mem_fraction_static); ignored on the CPU, where rollout.kv_cache_gib sizes the cache."""
+    tensor_parallel_size: int = Field(1, ge=1)
+    """GPUs each engine shards the model over (vLLM tensor_parallel_size, SGLang tp_size); > 1 needs a GPU run with rollout.num_gpus >= this. Untested: no GPU with vLLM or SGLang was available (docs/engines-gpu.md)."""
+    cuda_graphs: bool = True
+    """Capture CUDA graphs for decoding on a GPU (vLLM enforce_eager=false, SGLang disable_cuda_graph=false); false: eager. Engines on the CPU always run eager, whatever this says. Untested on GPUs (docs/engines-gpu.md)."""
     num_cpus: float = 1.0
     """Ray CPUs reserved per rollout actor."""
     num_gpus: float = 0.0
@@ -204,7 +208,7 @@ class LearnerConfig(_Section):
     cpu_affinity: list[int] = Field(default_factory=list)
     """Cores to pin the learner workers to (empty: no pinning); with num_workers > 1, worker i takes core cpu_affinity[i % len]."""
     num_workers: int = Field(1, ge=1)
-    """Learner workers: one torch.distributed group (gloo on CPUs, NCCL on GPUs); each takes a shard of the batch, gradients are all-reduced, rank 0 publishes weights."""
+    """Learner workers: one torch.distributed group (gloo on CPUs, NCCL on GPUs) over which FSDP2 shards the fp32 master weights, gradients and optimizer state; each worker takes a shard of the batch; rank 0 publishes weights."""
     resources: dict[str, float] = Field(default_factory=dict)
     """Custom Ray resources each learner worker needs (e.g. {learner_node: 1})."""
     torch_threads: int = Field(1, ge=1)
@@ -215,6 +219,10 @@ class LearnerConfig(_Section):
     """Stop the run (after a checkpoint) when this many steps in a row skipped every update for a non-finite loss, ratio or gradient."""
     lora: LoRAConfig = Field(default_factory=LoRAConfig)
     """LoRA RL (learner.lora.rank > 0) instead of full fine-tuning."""
+    gradient_checkpointing: bool = False
+    """Activation checkpointing on the decoder layers: each layer's activations are recomputed in the backward pass instead of kept (about a third more compute, activation memory of one layer instead of all)."""
+    offload: bool = False
+    """FSDP2's CPU offload: the sharded fp32 weights, their gradients and the optimizer state live in host memory, the optimizer steps on the CPU, and each layer is copied to the GPU for its passes. For a GPU learner whose state does not fit; on a CPU learner it changes nothing and is refused."""
     delay_s: float = Field(0.0, ge=0)
     """Sleep this long after each learner step. Only for ablations: it emulates a slower learner so that rollouts run ahead and staleness becomes real (bench/staleness_ablation.py). Keep 0."""
 
@@ -415,6 +423,12 @@ def cross_checks(cfg: Config) -> Config:
         "learner.num_workers",
         f"learner.batch_size ({lr.batch_size}) must split evenly into num_workers x mini_batches shards",
     )
+    _check(not lr.offload or (lr.device != "cpu" and lr.num_gpus > 0), "learner.offload",
+           "offloads a GPU learner's state to host memory: it needs learner.num_gpus > 0 and learner.device cuda or auto (a CPU learner's state is in host memory already)")
+    _check(r.tensor_parallel_size == 1 or r.num_gpus > 0, "rollout.tensor_parallel_size",
+           f"must be 1 on the CPU (rollout.num_gpus=0); {r.tensor_parallel_size} needs a GPU run with rollout.num_gpus >= {r.tensor_parallel_size}")
+    _check(r.num_gpus == 0 or r.num_gpus >= r.tensor_parallel_size, "rollout.num_gpus",
+           f"must be >= rollout.tensor_parallel_size ({r.num_gpus} < {r.tensor_parallel_size}): each engine's tensor-parallel ranks need one GPU each, all reserved by its rollout actor")
     _check(t.reward != "reward_model" or cfg.reward.num_workers > 0, "reward.num_workers",
            "task.reward=reward_model scores in the reward pool: give reward.num_workers >= 1")
     _check(t.reward != "reward_model" or bool(cfg.reward.model_path), "reward.model_path",

@@ -1,15 +1,16 @@
-"""The learner group: L processes, one torch.distributed group, data-parallel updates.
+"""The learner group: L processes, one torch.distributed group, FSDP2 data-parallel updates.
 
-Every learner worker holds the whole model (DDP semantics; FSDP would shard it).
-Each step, every worker collates the same batch, computes the no-grad passes
-(proximal, reference, critic) on its rows and all-gathers them, so advantages
-see the whole batch exactly as with one worker; then each takes its shard of
-every mini-batch, accumulates gradients, and the gradients and loss units are
-summed over the group before the optimizer step. The result is the update one
-worker would make on the whole batch (tested to fp32 tolerance).
+The policy (and the critic, and the reference where one is needed) is sharded with PyTorch's FSDP2
+(`fully_shard`) over a one-dimensional device mesh of the group: each decoder layer is one FSDP unit and the
+root holds the rest. Every rank keeps 1/L of the fp32 master weights, their gradients and the optimizer
+state; a forward or backward pass gathers one layer at a time in the compute dtype (`MixedPrecisionPolicy`),
+and gradients are reduce-scattered in fp32. World size 1 runs the same code over a one-process group.
 
-With world size 1 every function here is the identity, so the single-learner
-path runs the same code.
+Each step, every worker collates the same batch, computes the no-grad passes (proximal, reference, critic)
+on its rows and all-gathers them (`gather_rows`), so advantages see the whole batch exactly as with one
+worker; then each takes its shard of every mini-batch (`shard`). FSDP averages gradients over the group;
+the learner rescales them to the sum over every worker's loss units divided by their total, so the update
+is the one a single worker makes on the whole batch (tested to fp32 tolerance).
 """
 from __future__ import annotations
 
@@ -18,18 +19,32 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.tensor import DTensor
 
 
 @dataclass(frozen=True)
 class GroupInfo:
     rank: int = 0
     world: int = 1
+    mesh: DeviceMesh | None = None
 
 
-def init_learner_group(host: str, port: int, rank: int, world: int, backend: str, timeout_s: float = 300.0) -> GroupInfo:
-    """Join the group (this process's default torch.distributed group)."""
+def init_learner_group(host: str, port: int, rank: int, world: int, backend: str, device: torch.device,
+                       timeout_s: float = 300.0) -> GroupInfo:
+    """Join the group (this process's default torch.distributed group) and build its mesh on `device`'s type."""
     dist.init_process_group(backend, init_method=f"tcp://{host}:{port}", rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s))
-    return GroupInfo(rank, world)
+    return GroupInfo(rank, world, init_device_mesh(device.type, (world,)))
+
+
+def single_group(backend: str, device: torch.device) -> GroupInfo:
+    """World size 1: a one-process default group (shared by every learner of this process), so that FSDP2 runs
+    the same code as at world L."""
+    if not dist.is_initialized():
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    if dist.get_world_size() != 1:
+        raise RuntimeError(f"this process is in a group of {dist.get_world_size()}: a learner of world 1 cannot join it")
+    return GroupInfo(0, 1, init_device_mesh(device.type, (1,)))
 
 
 def shard(rows: torch.Tensor, g: GroupInfo) -> torch.Tensor:
@@ -49,22 +64,9 @@ def gather_rows(part: torch.Tensor, g: GroupInfo) -> torch.Tensor:
 def sum_scalar(value: float, g: GroupInfo) -> float:
     if g.world == 1:
         return value
-    t = torch.tensor([value], dtype=torch.float64)
+    t = torch.tensor([value], dtype=torch.float64, device=_comm_device(g))
     dist.all_reduce(t)
     return t.item()
-
-
-def sum_grads(params: list[torch.Tensor], g: GroupInfo) -> None:
-    """Sum .grad over the group, in one flat buffer (a missing grad counts as zero)."""
-    if g.world == 1:
-        return
-    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-    flat = torch.cat([t.reshape(-1) for t in grads])
-    dist.all_reduce(flat)
-    offset = 0
-    for p, t in zip(params, grads):
-        p.grad = flat[offset : offset + t.numel()].view_as(p).clone()
-        offset += t.numel()
 
 
 def reduce_metrics(metrics: dict[str, float], g: GroupInfo) -> dict[str, float]:
@@ -78,21 +80,31 @@ def reduce_metrics(metrics: dict[str, float], g: GroupInfo) -> dict[str, float]:
                          (dist.ReduceOp.SUM, [k for k in keys if not k.endswith(("/max", "/min"))])):
         if not selected:
             continue
-        t = torch.tensor([metrics[k] for k in selected], dtype=torch.float64)
+        t = torch.tensor([metrics[k] for k in selected], dtype=torch.float64, device=_comm_device(g))
         dist.all_reduce(t, op=op)
         out.update(zip(selected, t.tolist()))
     return out
 
 
-def broadcast_params(params: list[torch.Tensor], g: GroupInfo) -> None:
-    """Make every worker start from rank 0's weights."""
-    if g.world == 1:
-        return
-    with torch.no_grad():
-        for p in params:
-            dist.broadcast(p.data, src=0)
+def _comm_device(g: GroupInfo) -> torch.device:
+    """Where a collective's tensors must live: the mesh's device type (NCCL reduces CUDA tensors only)."""
+    if g.mesh is None or g.mesh.device_type == "cpu":
+        return torch.device("cpu")
+    return torch.device(g.mesh.device_type, torch.cuda.current_device())
+
+
+def full_tensor(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """The whole tensor on every rank (a collective for a sharded DTensor: every rank must call it, in the same
+    order). A shard offloaded to the CPU is moved to `device` first, where the group's backend can gather it."""
+    if not isinstance(t, DTensor):
+        return t.detach()
+    local = t.to_local()
+    if local.device != device:
+        t = DTensor.from_local(local.to(device), t.device_mesh, t.placements, shape=t.shape, stride=t.stride())
+    return t.full_tensor().detach()
 
 
 def close(g: GroupInfo) -> None:
+    """Leave a group of L > 1 (the one-process group of world 1 is shared by this process's learners: it stays)."""
     if g.world > 1 and dist.is_initialized():
         dist.destroy_process_group()

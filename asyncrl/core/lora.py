@@ -13,6 +13,9 @@ siblings are sent too (unchanged). Layers not sent keep their weights in the eng
 """
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
+
 import torch
 
 FUSED = ({"q_proj", "k_proj", "v_proj"}, {"gate_proj", "up_proj"})
@@ -49,19 +52,62 @@ def sync_modules(model: torch.nn.Module) -> list[str]:
     return [n for n in order if n in chosen]
 
 
-def merged_weight(model: torch.nn.Module, name: str) -> torch.Tensor:
-    """The dense weight the engine should hold for checkpoint module `name`: base + the adapter's delta, if any."""
+def base_weight(model: torch.nn.Module, name: str) -> torch.Tensor:
+    """The (possibly sharded) base weight of checkpoint module `name` inside the peft model."""
+    from peft.tuners.lora import LoraLayer
+
+    module = model.get_submodule(PEFT_PREFIX + name)
+    return module.get_base_layer().weight if isinstance(module, LoraLayer) else module.weight
+
+
+def merged_weight(model: torch.nn.Module, name: str, full: Callable[[torch.Tensor], torch.Tensor] = torch.Tensor.detach) -> torch.Tensor:
+    """The dense weight the engine should hold for checkpoint module `name`: base + (alpha / r) * B @ A for each
+    active adapter. `full` turns a (sharded) parameter into the whole tensor: the identity on an unsharded model, a
+    gather under FSDP (every rank must then call this for the same names, in the same order)."""
     from peft.tuners.lora import LoraLayer
 
     module = model.get_submodule(PEFT_PREFIX + name)
     if not isinstance(module, LoraLayer):
-        return module.weight.detach()
-    base = module.get_base_layer().weight.detach()
-    delta = sum((module.get_delta_weight(a) for a in module.active_adapters if a in module.lora_A), torch.zeros_like(base))
-    return base + delta.to(base.dtype)
+        return full(module.weight)
+    merged = full(module.get_base_layer().weight).clone()
+    for adapter in module.active_adapters:
+        if adapter not in module.lora_A:
+            continue
+        a, b = full(module.lora_A[adapter].weight), full(module.lora_B[adapter].weight)  # [r, in], [out, r]
+        delta = (b.float() @ a.float()) * module.scaling[adapter]  # [out, in]
+        merged += (delta.T if module.fan_in_fan_out else delta).to(merged.dtype)
+    return merged
 
 
 def merged_named_weights(model: torch.nn.Module, modules: list[str]) -> list[tuple[str, torch.Tensor]]:
     """(checkpoint weight name, merged weight) for each module of `modules` (see `sync_modules`)."""
     with torch.no_grad():
         return [(f"{name}.weight", merged_weight(model, name)) for name in modules]
+
+
+def merge_state_dict(state: dict[str, torch.Tensor], scaling: float, adapter: str = "default") -> dict[str, torch.Tensor]:
+    """A peft model's whole state dict (`base_model.model.` keys, `base_layer` and `lora_A/B.<adapter>` weights)
+    as the plain model's: each adapted weight is W + scaling * B @ A, every other tensor as it is."""
+    plain: dict[str, torch.Tensor] = {}
+    for key, tensor in state.items():
+        if ".lora_" in key:
+            continue
+        name = key.removeprefix(PEFT_PREFIX).replace(".base_layer.", ".")
+        plain[name] = tensor
+        if ".base_layer." in key:
+            stem = key.rsplit(".base_layer.", 1)[0]
+            a, b = state[f"{stem}.lora_A.{adapter}.weight"], state[f"{stem}.lora_B.{adapter}.weight"]
+            plain[name] = tensor + ((b.float() @ a.float()) * scaling).to(tensor.dtype)
+    return plain
+
+
+def save_adapter(model: torch.nn.Module, state: dict[str, torch.Tensor], path: str) -> None:
+    """The adapter alone as a peft directory (adapter_config.json, adapter_model.safetensors), from the peft model's
+    whole state dict (`state`, gathered): `PeftModel.from_pretrained(base, path)` loads it."""
+    from peft import get_peft_model_state_dict
+    from safetensors.torch import save_file
+
+    os.makedirs(path, exist_ok=True)
+    model.peft_config["default"].save_pretrained(path)
+    adapter = get_peft_model_state_dict(model, state_dict=state)
+    save_file({k: v.contiguous() for k, v in adapter.items()}, f"{path}/adapter_model.safetensors")

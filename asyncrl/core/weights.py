@@ -14,7 +14,7 @@ bytes (or handles) cross; names and shapes travel once, by Ray.
 from __future__ import annotations
 
 import socket
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -130,27 +130,32 @@ def flatten_into_buckets(params: list[torch.Tensor], buckets: list[list[int]]) -
 class WeightSender:
     """Rank 0 of the weight group: publishes the weights and returns without waiting for the receivers.
 
-    `buffers` come from `flatten_into_buckets`: the parameters live in them, so each bucket is sent straight from
-    the parameters' own storage, with no copy. The owner calls `wait()` before it changes the weights (the learner:
-    before each optimizer step), so forward and backward passes overlap the transfer. The next `publish` completes
-    the previous one first: one version in flight at a time.
+    `publish(flats)` posts each flat bucket as it comes (the learner gathers them from its shards one at a time)
+    and keeps at most `window` of them in flight: a bucket's memory goes once its broadcast has completed, so the
+    extra memory of a sync is `window` buckets, not a model. Without `flats` it sends the fixed `buffers` given at
+    construction (tensors living in their send buckets: `flatten_into_buckets`), whose owner calls `wait()` before
+    changing them. The next `publish` completes the previous one first: one version in flight at a time.
     """
 
-    def __init__(self, group, buffers: list[torch.Tensor]) -> None:
-        self.group, self.buffers = group, buffers
-        self.nbytes = sum(b.numel() * b.element_size() for b in buffers)
-        self.pending: list = []
+    def __init__(self, group, buffers: list[torch.Tensor] | None = None, window: int = 2) -> None:
+        self.group, self.buffers, self.window = group, buffers, window
+        self.pending: list[tuple[object, torch.Tensor]] = []
 
-    def publish(self) -> int:
+    def publish(self, flats: Iterable[torch.Tensor] | None = None) -> int:
         """Post every bucket; returns the bytes posted."""
         self.wait()
-        self.pending = [_broadcast(self.group, buffer) for buffer in self.buffers]
-        return self.nbytes
+        sent = 0
+        for flat in (self.buffers if flats is None else flats):
+            if flats is not None and len(self.pending) >= self.window:
+                self.pending.pop(0)[0].wait()
+            self.pending.append((_broadcast(self.group, flat), flat))
+            sent += flat.numel() * flat.element_size()
+        return sent
 
     def wait(self) -> None:
         """Complete the version in flight; a receiver that died makes this raise (gloo: at once)."""
         pending, self.pending = self.pending, []
-        for work in pending:
+        for work, _ in pending:
             work.wait()
 
 
@@ -190,15 +195,6 @@ class WeightReceiver:
         return [pair for buffer, bucket in zip(buffers, self.buckets) for pair in unpack(buffer, self.meta, bucket)]
 
 
-def share_weights_ipc(tensors: list[torch.Tensor], buckets: list[list[int]]) -> tuple[list[tuple], list[torch.Tensor]]:
-    """Colocated rank 0: (one CUDA IPC handle per bucket, the packed buffers). Keep the buffers
-    alive until every engine has loaded them; the handles are picklable and go by Ray."""
-    from torch.multiprocessing.reductions import reduce_tensor
-
-    flats = [pack(tensors, b) for b in buckets]
-    return [reduce_tensor(f)[1] for f in flats], flats
-
-
 def open_weights_ipc(
     handles: list[tuple], meta: list[TensorMeta], buckets: list[list[int]], device_index: int
 ) -> Iterator[tuple[str, torch.Tensor]]:
@@ -214,10 +210,10 @@ def open_weights_ipc(
 # ---- the transport interface: one per side, chosen by name in `make_sender` / `make_receiver` only ----------------
 
 class BroadcastSender:
-    """Learner rank 0 over a torch.distributed group (gloo / NCCL): sends its send buffers in place, no payload."""
+    """Learner rank 0 over a torch.distributed group (gloo / NCCL): streams the buckets it is given, no payload."""
 
-    def __init__(self, backend: str, buffers: list[torch.Tensor]) -> None:
-        self.backend, self.buffers = backend, buffers
+    def __init__(self, backend: str) -> None:
+        self.backend = backend
         self.sender: WeightSender | None = None
 
     def connect(self, host: str, port: int, world_size: int) -> None:
@@ -226,10 +222,10 @@ class BroadcastSender:
                 self.sender.wait()
             except RuntimeError:  # a receiver of the old group died: that is why the group is being rebuilt
                 pass
-        self.sender = WeightSender(init_group(host, port, 0, world_size, self.backend), self.buffers)
+        self.sender = WeightSender(init_group(host, port, 0, world_size, self.backend))
 
-    def send(self) -> tuple[int, None]:
-        return self.sender.publish(), None
+    def send(self, flats: Iterable[torch.Tensor]) -> tuple[int, None]:
+        return self.sender.publish(flats), None
 
     def wait(self) -> None:
         if self.sender is not None:
@@ -240,19 +236,21 @@ class BroadcastSender:
 
 
 class CudaIpcSender:
-    """Learner rank 0 colocated with the engines on one GPU: packs a snapshot per version and hands out one CUDA IPC
-    handle per bucket as the payload; the snapshot lives until every engine has loaded it (`release`)."""
+    """Learner rank 0 colocated with the engines on one GPU: keeps the gathered buckets of a version as its snapshot
+    and hands out one CUDA IPC handle per bucket as the payload; the snapshot (a whole copy of the weights in the
+    engines' dtype) lives until every engine has loaded it (`release`)."""
 
-    def __init__(self, params: list[torch.Tensor], buckets: list[list[int]]) -> None:
-        self.params, self.buckets = params, buckets
+    def __init__(self) -> None:
         self.snapshot: list[torch.Tensor] = []
 
     def connect(self, host: str, port: int, world_size: int) -> None:
         """No group: the handles travel with each version."""
 
-    def send(self) -> tuple[int, list[tuple]]:
-        with torch.no_grad():
-            handles, self.snapshot = share_weights_ipc(self.params, self.buckets)
+    def send(self, flats: Iterable[torch.Tensor]) -> tuple[int, list[tuple]]:
+        from torch.multiprocessing.reductions import reduce_tensor
+
+        self.snapshot = list(flats)
+        handles = [reduce_tensor(f)[1] for f in self.snapshot]
         return sum(b.numel() * b.element_size() for b in self.snapshot), handles
 
     def wait(self) -> None:
@@ -295,14 +293,12 @@ class CudaIpcReceiver:
 TRANSPORTS = ("broadcast", "cuda_ipc")
 
 
-def make_sender(transport: str, backend: str, params: list[torch.Tensor], buckets: list[list[int]],
-                buffers: list[torch.Tensor] | None) -> BroadcastSender | CudaIpcSender:
-    """The learner's end of `learner.weight_transport`. `buffers`: what a broadcast sends (the parameters' own
-    buckets, or LoRA's merge buffers); the IPC snapshot is packed from `params`."""
+def make_sender(transport: str, backend: str) -> BroadcastSender | CudaIpcSender:
+    """The learner's end of `learner.weight_transport`; its `send(flats)` takes the flat buckets of one version."""
     if transport == "cuda_ipc":
-        return CudaIpcSender(params, buckets)
+        return CudaIpcSender()
     if transport == "broadcast":
-        return BroadcastSender(backend, buffers)
+        return BroadcastSender(backend)
     raise ValueError(f"weight transport {transport!r}: expected one of {TRANSPORTS}")
 
 

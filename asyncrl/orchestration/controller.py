@@ -73,7 +73,7 @@ class Controller:
         self.learner = self.learners[0]  # rank 0 publishes weights and saves
         cursors = {int(k): v for k, v in state.get("worker_cursors", {}).items()}
         self.rollout = RolloutPool(cfg, self.pools[1], [paths[n] for n in nodes[1]], self.buffer, self.run_id, cursors, self.rewards.actors)
-        self.sync = WeightSync(self.learner, cfg)
+        self.sync = WeightSync(self.learners, cfg)
         self.non_finite_streak = 0
         self.final = False  # the step being run is the last (run.steps reached, or run.max_train_minutes spent)
         self.train_t0 = time.monotonic()
@@ -120,14 +120,14 @@ class Controller:
                 self.checkpoint(steps_done)
             if cfg.run.snapshot_every and (steps_done % cfg.run.snapshot_every == 0 or self.final):
                 (self.run_dir / "snapshots").mkdir(exist_ok=True)
-                ray.get(self.learner.save_policy.remote(str(self.run_dir / "snapshots" / f"step-{steps_done:06d}.pt")))
+                self._on_learners("save_policy", str(self.run_dir / "snapshots" / f"step-{steps_done:06d}.pt"))
             if self.final:
                 break
         self.settle_weights()  # the final version reaches every engine before the loops stop and the evaluation
         ends = ray.get([w.stop.remote() for w in self.workers])
         buffer_counts = ray.get(self.buffer.close.remote())
         after = self.evaluate()
-        ray.get(self.learner.save.remote(str(self.run_dir / "final_model"), self.learner_model_path))
+        self._on_learners("save", str(self.run_dir / "final_model"), self.learner_model_path)
         return {
             "steps": steps_done, "stopped_by": "steps" if steps_done == cfg.run.steps else "time", "resumed_at_step": self.start_step or None, "wall_s": time.time() - t_start, "policy_version": self.version,
             **eval_summary(before, after),
@@ -313,7 +313,7 @@ class Controller:
             "worker_cursors": self.rollout.prompt_cursors(stats),
             "buffer_counts": {k: counts[k] for k in ("admitted_groups", "refused_admissions", "consumed", "dropped_stale", "dropped_error", "aborted", "filtered")},
         }
-        save = lambda d: ray.get(self.learner.save_checkpoint.remote(str(d)))  # noqa: E731  (the learner writes learner.pt)
+        save = lambda d: self._on_learners("save_checkpoint", str(d))  # noqa: E731  (every rank writes its shards)
         return write_checkpoint(self.run_dir, next_step, state, save, self.cfg.run.keep_checkpoints)
 
     # ---- groups -------------------------------------------------------------------------------
@@ -322,6 +322,10 @@ class Controller:
         """Loopback when everything runs on one node, else the learner rank 0's node address."""
         one_node = len({*self.placement["learner_nodes"], *self.placement["rollout_nodes"]}) == 1
         return "127.0.0.1" if one_node else ray.get(self.learner.node_ip.remote())
+
+    def _on_learners(self, method: str, *args):
+        """Call `method` on every learner rank (FSDP2: gathering or saving the weights is a collective); rank 0's result."""
+        return ray.get([getattr(a, method).remote(*args) for a in self.learners])[0]
 
     def _init_learner_group(self) -> None:
         if len(self.learners) == 1:

@@ -1,4 +1,7 @@
-"""The weight-sync protocol between learner rank 0 and the rollout engines.
+"""The weight-sync protocol between the learner group and the rollout engines.
+
+Every learner rank takes part in a sync (the weights are gathered from their FSDP2 shards bucket by bucket, a
+collective); rank 0 sends each bucket as it is gathered.
 
 The transport (`asyncrl.core.weights.make_sender` / `make_receiver`: a torch.distributed broadcast, or CUDA IPC
 handles) carries each version; a version is published without waiting
@@ -15,9 +18,11 @@ from asyncrl.core.messages import SentWeights
 
 
 class WeightSync:
-    def __init__(self, learner, cfg: Config) -> None:
-        self.learner = learner  # rank 0: it publishes
+    def __init__(self, learners: list, cfg: Config) -> None:
+        self.learners = learners
+        self.learner = learners[0]  # rank 0: it publishes
         self.bucket_bytes = cfg.learner.sync_bucket_bytes
+        self.transport = cfg.learner.weight_transport
         self.in_flight: list | None = None  # each engine's load of the version last published
 
     def connect(self, workers: list, host: str) -> None:
@@ -30,9 +35,15 @@ class WeightSync:
         ray.get(refs)
 
     def publish(self, workers: list, version: int) -> dict:
-        """Send the learner's weights to every engine as `version`; the loads stay in flight (`collect`)."""
-        sent: SentWeights = ray.get(self.learner.send_weights.remote())
-        self.in_flight = [w.update_weights.remote(version, sent.payload) for w in workers]
+        """Send the learner's weights to every engine as `version`; the loads stay in flight (`collect`).
+
+        A broadcast streams the buckets as they are gathered, at most a few in flight: the engines' receives are
+        posted before the send is waited on. CUDA IPC hands out the handles of the whole snapshot, so the engines
+        are called once the learner has made it."""
+        sends = [learner.send_weights.remote() for learner in self.learners]
+        payload = ray.get(sends[0]).payload if self.transport == "cuda_ipc" else None
+        self.in_flight = [w.update_weights.remote(version, payload) for w in workers]
+        sent: SentWeights = ray.get(sends)[0]
         return {"bytes": sent.bytes, "send_s": sent.seconds}
 
     def collect(self, skip: int | None = None) -> tuple[float, list[int]]:
