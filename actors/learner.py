@@ -35,7 +35,7 @@ from asyncrl.core.sharding import shard_model
 from asyncrl.core.models.value import ValueModel
 from asyncrl.core.util import pin_to_cores
 from asyncrl.core import lora as lora_lib
-from asyncrl.core.weights import free_port, make_sender, plan_buckets, resolve_backend, tensor_meta
+from asyncrl.core.weights import free_port, make_sender, plan_buckets, resolve_backend, tensor_meta, unpack
 
 
 def _device(name: str) -> torch.device:
@@ -377,6 +377,18 @@ class Learner:
         model = {"policy": self.model, "critic": self.critic}[which]
         full = lambda t: lg.full_tensor(t, self.device).cpu().clone()  # noqa: E731
         return {n: (full(p), None if p.grad is None else full(p.grad)) for n, p in model.named_parameters()}
+
+    def gathered_weights(self) -> list[tuple[str, torch.Tensor]]:
+        """(checkpoint name, tensor) of exactly what a sync sends the engines, on the CPU, for tests (a collective)."""
+        self._ready()
+        return [(n, t.cpu().clone()) for flat, bucket in zip(self._gathered_buckets(), self.buckets) for n, t in unpack(flat, self.sync_meta, bucket)]
+
+    def held_numel(self) -> tuple[int, int]:
+        """(elements of the policy's weights this rank holds, elements of the whole policy): its FSDP2 share."""
+        self._ready()
+        params = list(self.model.parameters())
+        local = sum((p.to_local() if isinstance(p, DTensor) else p).numel() for p in params)
+        return local, sum(p.numel() for p in params)
 
     def sequence_logprobs(self, token_ids: list[int], temperature: float = 1.0) -> list[float]:
         """Log-probs of each next token of `token_ids` under the policy (a collective: every rank calls it)."""

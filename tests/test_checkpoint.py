@@ -17,7 +17,7 @@ from asyncrl.core.messages import GroupId
 from asyncrl.core.store import read_trajectories
 from asyncrl.core.tasks import make_task
 from asyncrl.core.util import pids_named
-from tests.test_learner import fake_samples, learner
+from tests.test_learner import fake_samples, learner, weights
 from tests.test_reward_pool import scoring_children
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -59,11 +59,17 @@ def test_learner_continues_exactly_from_its_checkpoint(random_model_dir, tmp_pat
     assert resumed.load_checkpoint(str(tmp_path)) == 2
     a = original.train_step(fake_samples(), version=1)
     b = resumed.train_step(fake_samples(), version=1)
-    for p, q in zip(original.model.parameters(), resumed.model.parameters()):
+    for p, q in zip(weights(original), weights(resumed)):
         assert torch.equal(p, q)  # same weights, same Adam moments, same step count
     assert a["loss/policy"] == b["loss/policy"] and a["kl/ref"] == b["kl/ref"]  # the reference stayed the initial model
     if algorithm == "ppo":
-        assert all(torch.equal(p, q) for p, q in zip(original.critic.parameters(), resumed.critic.parameters()))
+        assert all(torch.equal(p, q) for p, q in zip(weights(original, "critic"), weights(resumed, "critic")))
+
+
+def test_a_checkpoint_of_another_version_is_refused_by_name(random_model_dir, tmp_path):
+    (tmp_path / "learner.pt").write_text("an old whole-model checkpoint")
+    with pytest.raises(ValueError, match="has no learner/"):
+        learner(random_model_dir).load_checkpoint(str(tmp_path))
 
 
 def metric_steps(run_dir: Path) -> list[int]:
@@ -71,14 +77,16 @@ def metric_steps(run_dir: Path) -> list[int]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("scoring", ["in_loop", pytest.param("reward_pool", marks=pytest.mark.extended), "episodes"])
+@pytest.mark.parametrize("scoring", ["in_loop", pytest.param("reward_pool", marks=pytest.mark.extended), "episodes", "learner_world2"])
 def test_sigkill_mid_run_then_resume(tiny_model_dir, tmp_path, scoring):
     """`episodes`: multi-turn episodes with a tool (env.name), in flight when the driver is killed (10 steps: each
-    is slower). `reward_pool` is `extended` (make test-all): test_reward_pool covers the pool's exactly-once."""
+    is slower). `reward_pool` is `extended` (make test-all): test_reward_pool covers the pool's exactly-once.
+    `learner_world2`: two FSDP2 learner workers, each writing its shards of the checkpoint."""
     out = tmp_path / "run"
     steps = 10 if scoring == "episodes" else 16
     pool = {"reward_pool": ["reward.num_workers=2", "reward.num_cpus=0.5", "reward.batch_wait_s=0.05"],
-            "episodes": [f"env.name={SCRIPTED_ENV}", "env.max_episode_tokens=40", "rollout.max_new_tokens=8"]}.get(scoring, [])
+            "episodes": [f"env.name={SCRIPTED_ENV}", "env.max_episode_tokens=40", "rollout.max_new_tokens=8"],
+            "learner_world2": ["learner.num_workers=2", "learner.num_cpus=0.5"]}.get(scoring, [])
     cmd = [sys.executable, "-m", "asyncrl.run", "--config", "configs/smoke.yaml", f"run.output_dir={out}", f"model.path={tiny_model_dir}",
            f"run.steps={steps}", "run.checkpoint_every=3", "run.eval=false", "learner.delay_s=0.5", "buffer.store_flush_s=0.2",
            "algorithm.filter_zero_variance=true", *pool]

@@ -260,3 +260,23 @@ def test_save_policy_writes_the_weights_alone(random_model_dir, tmp_path):
     for name, (tensor, _) in lrn.parameters_and_grads().items():
         assert torch.equal(state[name], tensor)
     assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_bf16_compute_with_a_small_lr_moves_the_fp32_master_weights_and_what_the_engines_get(random_model_dir):
+    """lr 1e-6 is below bf16's resolution for weights of size ~0.02 (spacing ~1e-4): stepping bf16 weights directly
+    rounds almost every update away. The fp32 master weights take every step; the bf16 copies the engines receive
+    change where the accumulated steps cross a rounding boundary."""
+    lrn = learner(random_model_dir, "model.dtype=bfloat16", "learner.lr=1e-6")
+    master, sent = weights(lrn), dict(lrn.gathered_weights())
+    assert all(w.dtype == torch.float32 for w in master) and all(t.dtype == torch.bfloat16 for t in sent.values())
+    for step in range(3):
+        lrn.train_step(fake_samples(), version=step)
+    after, sent_after = weights(lrn), dict(lrn.gathered_weights())
+    moved = sum(int((a != b).sum()) for a, b in zip(master, after)) / sum(a.numel() for a in master)
+    assert moved > 0.9  # Adam moves every weight with a gradient by ~lr per step
+    step_size = max(float((a - b).abs().max()) for a, b in zip(master, after))
+    assert step_size < 1e-5  # ... by ~lr: the update is the small one asked for, not a rounding jump
+    crossed = sum(int((sent[n] != sent_after[n]).sum()) for n in sent)
+    assert crossed > 0  # the engines receive the change
+    for name, tensor in sent_after.items():  # exactly the master weights rounded to bf16
+        assert torch.equal(tensor, dict(zip(dict(lrn.model.named_parameters()), after))[name].to(torch.bfloat16))

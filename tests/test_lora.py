@@ -9,7 +9,6 @@ from transformers import AutoModelForCausalLM
 from asyncrl.core import lora as lora_lib
 from asyncrl.core.config import ConfigError, load_config
 from asyncrl.core.models.cache import ModelSource
-from asyncrl.core.weights import unpack
 from asyncrl.orchestration.controller import Controller
 from tests.test_learner import fake_samples, learner
 from tests.test_weight_sync import SEQ
@@ -46,8 +45,8 @@ def test_sync_sends_adapted_layers_and_their_fused_siblings_merged(random_model_
     for step in range(2):
         lrn.train_step(fake_samples(), version=step)
     meta = lrn.weight_meta()
-    sent = [t for flat, bucket in zip(lrn._gathered_buckets(), lrn.buckets) for _, t in unpack(flat, lrn.sync_meta, bucket)]
-    merged = dict(zip([m[0] for m in meta], sent))  # what the engine receives, by the names it is told
+    merged = dict(lrn.gathered_weights())  # what the engine receives
+    assert list(merged) == [m[0] for m in meta]  # by the names it is told
     assert set(merged) == {f"{m}.weight" for m in modules}
     # peft's own merge of an unsharded copy of the same weights
     reference = peft_copy(lrn).merge_and_unload().state_dict()

@@ -36,8 +36,8 @@ class ModelConfig(_Section):
     """"tiny" builds (once, cached) the project's warm-started tiny model; otherwise a local HF model directory."""
     cache_dir: str = ""
     """Where built-in models are cached on each node; empty: $ASYNCRL_CACHE_DIR, else ~/.cache/asyncrl/models (per user, so every job reuses it)."""
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    """Weights dtype for learner and engine: float32, bfloat16 or float16."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "float32"
+    """Compute dtype of the learner's forward and backward passes (its master weights and optimizer state are always fp32) and the engines' weights: float32, bfloat16, float16, or auto: bfloat16 on a GPU run (learner.num_gpus or rollout.num_gpus > 0), and on CPUs bfloat16 only where the CPU has native bf16 (the avx512_bf16 or amx_bf16 flag, detected where the config is loaded), else float32. A run's config.yaml records what auto resolved to."""
     max_model_len: int = Field(64, ge=2)
     """Longest prompt + response, in tokens."""
 
@@ -497,7 +497,17 @@ def config_from_dict(data: dict[str, Any]) -> Config:
         cfg = Config.model_validate(data)
     except ValidationError as exc:
         raise _config_error(exc) from None
+    if cfg.model.dtype == "auto":
+        cfg.model.dtype = resolve_auto_dtype(cfg)
     return cross_checks(cfg)
+
+
+def resolve_auto_dtype(cfg: Config) -> str:
+    """model.dtype=auto: bfloat16 on GPUs and on CPUs with native bf16, else float32 (see ModelConfig.dtype)."""
+    from asyncrl.core.util import cpu_has_native_bf16
+
+    gpu_run = cfg.learner.num_gpus > 0 or cfg.rollout.num_gpus > 0 or cfg.learner.device == "cuda"
+    return "bfloat16" if gpu_run or cpu_has_native_bf16() else "float32"
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Config:

@@ -13,6 +13,17 @@ def pin_to_cores(cores: list[int]) -> list[int]:
 
 
 
+def cpu_has_native_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    """This CPU multiplies bf16 in hardware (the `avx512_bf16` or `amx_bf16` flag): bf16 compute is then no slower
+    than fp32. Without it PyTorch emulates bf16 matmuls (measured 6x slower than fp32 on an AVX2 EPYC)."""
+    try:
+        with open(cpuinfo) as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return False
+    return bool({"avx512_bf16", "amx_bf16"} & set(flags))
+
+
 def pids_named(prefix: str) -> list[int]:
     """Pids of this machine's processes whose command line starts with `prefix` (Ray names actors `ray::<Class>`)."""
     pids = []
