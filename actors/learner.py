@@ -15,7 +15,6 @@ import os
 import time
 from collections.abc import Iterator
 
-import ray
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_state_dict, set_state_dict
@@ -97,9 +96,13 @@ class Learner:
         return est
 
     def node_id(self) -> str:
+        import ray  # here, not at the top: the learner runs without Ray too (tests/gpu, bench/learner_memory.py)
+
         return ray.get_runtime_context().get_node_id()
 
     def node_ip(self) -> str:
+        import ray
+
         return ray.util.get_node_ip_address()
 
     def init_learner_group(self, host: str, port: int, rank: int, world: int) -> bool:
