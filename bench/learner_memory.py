@@ -170,6 +170,15 @@ def worker(spec_path: Path, rank: int) -> None:
     sys.path[:] = [spec["root"]] + [p for p in sys.path if Path(p or ".").resolve() not in (BENCH, Path(spec["root"]).resolve())]
     import torch
 
+    ray_stubbed = False
+    if spec["kind"] == "baseline":  # 88d58fc's learner imports Ray at the top and uses it only to name its node
+        try:
+            import ray  # noqa: F401
+        except ImportError:  # a machine without Ray (the GPU box): an empty module stands in; nothing here calls it
+            import types
+
+            sys.modules["ray"] = types.ModuleType("ray", "a stand-in: Ray is not installed")
+            ray_stubbed = True
     import actors.learner as learner_module
     from asyncrl.core.config import load_config
 
@@ -209,7 +218,7 @@ def worker(spec_path: Path, rank: int) -> None:
         "estimate_gb": None if est is None else {"params": est.params, "grads": est.grads, "optimizer": est.optimizer,
                                                  "reference": est.reference, "in_flight": est.in_flight, "device": est.device, "host": est.host},
         "loss_policy": metrics.get("loss/policy"), "learner_file": learner_module.__file__,
-        "ray_imported": "ray" in sys.modules, "torch_threads": torch.get_num_threads(),
+        "ray_imported": "ray" in sys.modules, "ray_stubbed": ray_stubbed, "torch_threads": torch.get_num_threads(),
     }
     if spec["world"] > 1:
         learner.close()
@@ -223,7 +232,7 @@ def run_configuration(run: dict, spec: dict, root: Path, work: Path, visible_gpu
 
     out = work / run["id"]
     out.mkdir(parents=True)
-    spec = {**spec, "root": str(root), "out": str(out), "world": run["world"], "port": free_port(), "overrides": run["overrides"]}
+    spec = {**spec, "root": str(root), "out": str(out), "kind": run["kind"], "world": run["world"], "port": free_port(), "overrides": run["overrides"]}
     spec_path = out / "spec.json"
     spec_path.write_text(json.dumps(spec, indent=2))
     procs, logs = [], []
@@ -257,8 +266,11 @@ def run_configuration(run: dict, spec: dict, root: Path, work: Path, visible_gpu
         log.close()
     run["wall_s"] = time.monotonic() - t0
     if failed:
-        tails = [f"--- rank {r} ---\n" + "\n".join((out / f"rank{r}.log").read_text().splitlines()[-25:]) for r in range(run["world"])]
-        run.update(status="failed", reason=failed, log_tail="\n".join(tails))
+        logs_text = [(out / f"rank{r}.log").read_text().splitlines() for r in range(run["world"])]
+        culprit = next((r for r, p in enumerate(procs) if p.returncode not in (0, None, -9)), 0)
+        last = next((line for line in reversed(logs_text[culprit]) if line.strip()), "")
+        run.update(status="failed", reason=f"{failed}: {last.strip()[:300]}",
+                   log_tail="\n".join(f"--- rank {r} ---\n" + "\n".join(lines[-25:]) for r, lines in enumerate(logs_text)))
         return run
     ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(run["world"])]
     for r in ranks:  # the code that ran must be the checkout's it was meant to be
@@ -339,7 +351,7 @@ def analyse(runs: list[dict], models: list[str]) -> tuple[dict, list[dict], list
             ratio(f"s/step, offload on / off (world {world})", find(runs, m, world=world, offload=True), find(runs, m, world=world), "step_s")
         ratios[m] = rat
 
-        if w1 and w2:
+        if w1 and w2 and max_rank(w1, "state_gb") > 0:
             s1, s2 = max_rank(w1, "state_gb"), max_rank(w2, "state_gb")
             q = s2 / s1
             checks.append({"model": m, "target": f"(1) world-2 state per rank <= {STATE_TARGET} x world 1's", "value": q,
@@ -350,7 +362,7 @@ def analyse(runs: list[dict], models: list[str]) -> tuple[dict, list[dict], list
         else:
             checks.append({"model": m, "target": f"(1) world-2 state per rank <= {STATE_TARGET} x world 1's", "value": None,
                            "result": "not measured", "text": "world 1 or world 2 (checkpointing off, offload off) did not run"})
-        if w1 and base:
+        if w1 and base and w1["step_s"] > 0 and base["step_s"] > 0:  # a time of 0 is reported as impossible above
             q = w1["step_s"] / base["step_s"]
             checks.append({"model": m, "target": f"(2) world-1 s/step <= {TIME_TARGET} x the baseline's", "value": q,
                            "result": "PASS" if q <= TIME_TARGET else "MISS",
@@ -373,8 +385,8 @@ def markdown(data: dict) -> str:
             f"{', CUDA ' + str(env['cuda']) if cuda else ''}.\n\n"
             f"Batch: {s['batch']} samples (groups of {s['group_size']}), prompt {s['prompt_tokens']} + response {s['response_tokens']} tokens, "
             f"micro-batches of {s['micro_batch_size']}, GRPO with the reference's forward pass every step, lr {s['lr']}, {s['dtype']} compute, "
-            f"one torch thread per rank; s/step: "
-            f"{'the one step (it includes the warm-up)' if s['steps'] == 1 else 'the median of steps 2..' + str(s['steps']) + ' (the first is warm-up)'}"
+            f"one torch thread per rank (world 2 uses two cores{' and two GPUs' if cuda else ''}, world 1 one); s/step: "
+            f"{'the one step (it includes the warm-up)' if s['steps'] == 1 else 'the median of steps 2..' + str(s['steps']) + ' (the first is warm-up)' if s['steps'] > 2 else 'step 2 (the first is warm-up)'}"
             f", a world-2 step is the slower rank's. "
             f"Per rank (r0 / r1): peak GB ({'CUDA max allocated' if cuda else 'peak RSS'}), state GB (parameters + gradients + AdamW state "
             f"this rank holds, after the steps), ref GB (the frozen reference policy's parameters), est. GB (the learner's own estimate of "
@@ -404,6 +416,9 @@ def markdown(data: dict) -> str:
             out.append(f"Ratios, {model}: " + "; ".join(f"{k} {v:.3f}" if v is not None else f"{k} -" for k, v in rat.items()) + ".")
     out.append("")
     out += [f"- {c['result']}: {c['model']}, {c['target']}: {c['text']}" for c in data["checks"]]
+    if data["notes"].get("ray_stubbed_in"):
+        out.append(f"- Ray is not installed here: the baseline's learner (which imports it at the top) ran with an empty stand-in `ray` module "
+                   f"({', '.join(data['notes']['ray_stubbed_in'])}).")
     if data["errors"]:
         out += ["", "Errors:", *[f"- {e}" for e in data["errors"]]]
     return "\n".join(out) + "\n"
@@ -494,19 +509,25 @@ def main() -> None:
     for m in models:  # in a child process: the parent stays small while the ranks run
         print(f"model {m}: preparing ({MODELS[m]})", flush=True)
         done = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--prepare", m], cwd=ROOT, capture_output=True, text=True)
-        if done.returncode != 0:
-            sys.exit(f"model {m}: preparing it failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+        if done.returncode != 0:  # its configurations fail; the other models still run
+            tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-3:])
+            prepared[m] = {"path": "", "params": 0, "vocab": 0, "error": f"preparing the model failed: {tail}"}
+            print(f"model {m}: FAILED: {prepared[m]['error']}", flush=True)
+            continue
         prepared[m] = json.loads(done.stdout.strip().splitlines()[-1])
         print(f"model {m}: {prepared[m]['path']} ({prepared[m]['params'] / 1e6:.1f} M parameters, vocabulary {prepared[m]['vocab']})", flush=True)
 
     runs = [run for m in models for run in plan(m, prepared[m]["path"], args, gpus)]
+    for run in runs:
+        if "error" in prepared[run["model"]] and run.get("status") != "n/a":
+            run.update(status="failed", reason=prepared[run["model"]]["error"])
     tmp = Path(tempfile.mkdtemp(prefix="learner_memory-"))
     worktree = None
     try:
         if any(r["kind"] == "baseline" for r in runs):
             worktree = baseline_worktree(tmp)
         for run in runs:
-            if run.get("status") == "n/a":
+            if run.get("status") in ("n/a", "failed"):
                 print(f"{run['id']}: {run['reason']}", flush=True)
                 continue
             m = run["model"]
@@ -529,7 +550,8 @@ def main() -> None:
     env["load_avg_end"] = os.getloadavg()[0]
     ratios, checks, impossible = analyse(runs, models)
     failed = [f"{r['id']}: {r['reason']}" for r in runs if r.get("status") == "failed"]
-    ray_in = sorted({r["id"] for r in runs for rank in r.get("ranks", []) if rank["ray_imported"]})
+    ray_in = sorted({r["id"] for r in runs for rank in r.get("ranks", []) if rank["ray_imported"] and not rank["ray_stubbed"]})
+    stubbed = sorted({r["id"] for r in runs for rank in r.get("ranks", []) if rank["ray_stubbed"]})
     data = {
         "benchmark": "learner_memory", "command": " ".join(["bench/learner_memory.py", *sys.argv[1:]]), "environment": env,
         "settings": {"device": args.device, "dtype": args.dtype, "steps": args.steps, "batch": args.batch, "group_size": GROUP_SIZE,
@@ -537,7 +559,7 @@ def main() -> None:
                      "baseline_commit": BASELINE_COMMIT, "timeout_s": args.timeout},
         "models": {m: {**prepared[m], "description": MODELS[m]} for m in models},
         "runs": runs, "ratios": ratios, "checks": checks, "errors": [*impossible, *failed],
-        "notes": {"ray_imported_by_the_learner": bool(ray_in)},
+        "notes": {"ray_imported_by": ray_in, "ray_stubbed_in": stubbed},
     }
     publish(args.out.parent, args.out.name, markdown(data), data)
     if impossible or failed:

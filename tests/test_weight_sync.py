@@ -15,22 +15,24 @@ TOLERANCE = 1e-3
 SEQ = [1, 4, 6, 13, 5, 8, 14, 7, 9, 2]  # "<s>13+25=46</s>" in the tiny tokenizer's ids
 
 
+@pytest.mark.parametrize("world", [1, 2])
 @pytest.mark.parametrize("engine", ["vllm", pytest.param("sglang", marks=pytest.mark.slow)])
-def test_broadcast_reaches_the_engine(ray_local, random_model_dir, tmp_path, engine):
-    cfg = load_config(None, [f"rollout.engine={engine}",
+def test_broadcast_reaches_the_engine(ray_local, random_model_dir, tmp_path, engine, world):
+    """At learner world 2 the weights are gathered from two FSDP2 ranks' shards bucket by bucket."""
+    cfg = load_config(None, [f"rollout.engine={engine}", f"learner.num_workers={world}", f"learner.num_cpus={1 / world}",
         "rollout.group_size=4", "learner.batch_size=16", "learner.lr=1e-2", "learner.sync_bucket_mb=0.05",
         "logging.wandb=false", f"run.output_dir={tmp_path}",
     ])
     ctl = Controller(cfg, tmp_path, ModelSource(given=random_model_dir, path=random_model_dir))
     try:
         engine_before = ray.get(ctl.workers[0].sequence_logprobs.remote(SEQ))
-        learner_before = ray.get(ctl.learner.sequence_logprobs.remote(SEQ))
+        learner_before = ctl.on_learners("sequence_logprobs", SEQ)  # a collective at world 2
         assert max(abs(a - b) for a, b in zip(engine_before, learner_before)) < TOLERANCE  # same start
 
-        ray.get(ctl.learner.train_step.remote(fake_samples(), 0))
-        learner_after = ray.get(ctl.learner.sequence_logprobs.remote(SEQ))
+        ctl.on_learners("train_step", fake_samples(), 0)
+        learner_after = ctl.on_learners("sequence_logprobs", SEQ)
         sync = ctl.sync_weights()  # posts the version and returns: the engine loads it meanwhile
-        ray.get(ctl.learner.train_step.remote(fake_samples(), 1))  # the next step changes the weights at once
+        ctl.on_learners("train_step", fake_samples(), 1)  # the next step changes the weights at once
         assert ctl.settle_weights()["load_s"] > 0
         engine_after = ray.get(ctl.workers[0].sequence_logprobs.remote(SEQ))
 

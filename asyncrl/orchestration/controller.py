@@ -120,14 +120,14 @@ class Controller:
                 self.checkpoint(steps_done)
             if cfg.run.snapshot_every and (steps_done % cfg.run.snapshot_every == 0 or self.final):
                 (self.run_dir / "snapshots").mkdir(exist_ok=True)
-                self._on_learners("save_policy", str(self.run_dir / "snapshots" / f"step-{steps_done:06d}.pt"))
+                self.on_learners("save_policy", str(self.run_dir / "snapshots" / f"step-{steps_done:06d}.pt"))
             if self.final:
                 break
         self.settle_weights()  # the final version reaches every engine before the loops stop and the evaluation
         ends = ray.get([w.stop.remote() for w in self.workers])
         buffer_counts = ray.get(self.buffer.close.remote())
         after = self.evaluate()
-        self._on_learners("save", str(self.run_dir / "final_model"), self.learner_model_path)
+        self.on_learners("save", str(self.run_dir / "final_model"), self.learner_model_path)
         return {
             "steps": steps_done, "stopped_by": "steps" if steps_done == cfg.run.steps else "time", "resumed_at_step": self.start_step or None, "wall_s": time.time() - t_start, "policy_version": self.version,
             **eval_summary(before, after),
@@ -313,7 +313,7 @@ class Controller:
             "worker_cursors": self.rollout.prompt_cursors(stats),
             "buffer_counts": {k: counts[k] for k in ("admitted_groups", "refused_admissions", "consumed", "dropped_stale", "dropped_error", "aborted", "filtered")},
         }
-        save = lambda d: self._on_learners("save_checkpoint", str(d))  # noqa: E731  (every rank writes its shards)
+        save = lambda d: self.on_learners("save_checkpoint", str(d))  # noqa: E731  (every rank writes its shards)
         return write_checkpoint(self.run_dir, next_step, state, save, self.cfg.run.keep_checkpoints)
 
     # ---- groups -------------------------------------------------------------------------------
@@ -323,7 +323,7 @@ class Controller:
         one_node = len({*self.placement["learner_nodes"], *self.placement["rollout_nodes"]}) == 1
         return "127.0.0.1" if one_node else ray.get(self.learner.node_ip.remote())
 
-    def _on_learners(self, method: str, *args):
+    def on_learners(self, method: str, *args):
         """Call `method` on every learner rank (FSDP2: gathering or saving the weights is a collective); rank 0's result."""
         return ray.get([getattr(a, method).remote(*args) for a in self.learners])[0]
 
