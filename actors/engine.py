@@ -84,17 +84,6 @@ def vllm_engine_args(
     return args
 
 
-def check_weight_sync_ranks(tensor_parallel_size: int) -> None:
-    """The weight group gives each engine one rank (asyncrl/orchestration/weight_sync.py: world = 1 + engines), but
-    every tensor-parallel rank of an engine joins it: refuse clearly instead of a rendezvous that fails or hangs."""
-    if tensor_parallel_size > 1:
-        raise NotImplementedError(
-            f"rollout.tensor_parallel_size={tensor_parallel_size}: the weight sync gives each engine one rank of the "
-            "weight group, and every tensor-parallel rank would join it; until it gives each engine "
-            "tensor_parallel_size ranks (docs/engines-gpu.md), use rollout.tensor_parallel_size=1"
-        )
-
-
 def configure_cpu_env(kv_cache_gib: float) -> None:
     """vLLM reads these at import/start: in-process engine core, a fixed KV cache size."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -188,7 +177,6 @@ class VLLMEngine:
         return contextlib.nullcontext()
 
     def init_weight_sync(self, host: str, port: int, rank: int, world: int, transport: list, meta: list, bucket_bytes: int):
-        check_weight_sync_ranks(self.tensor_parallel_size)
         return self.llm.collective_rpc("asyncrl_init_weight_sync", args=(host, port, rank, world, list(transport), meta, bucket_bytes))
 
     def receive_weights(self, payload=None) -> int:

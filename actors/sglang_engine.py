@@ -48,7 +48,7 @@ import threading
 import time
 from pathlib import Path
 
-from actors.engine import Finished, check_tensor_parallel, check_weight_sync_ranks, cuda_available
+from actors.engine import Finished, check_tensor_parallel, cuda_available
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIMS = ROOT / "shims" / "sglang_cpu"
@@ -261,7 +261,6 @@ class SGLangEngine:
     def init_weight_sync(self, host: str, port: int, rank: int, world: int, transport: list, meta: list, bucket_bytes: int):
         """Join the weight group as `rank` (SGLang's own `init_weights_update_group`), or for cuda_ipc only keep
         the bucket plan. Returns one flag per engine process, as vLLM's collective_rpc does."""
-        check_weight_sync_ranks(self.tensor_parallel_size)
         from sglang.srt.managers.io_struct import InitWeightsUpdateGroupReqInput
 
         import torch

@@ -60,13 +60,17 @@ class WeightSyncExtension:
     def asyncrl_init_weight_sync(
         self, host: str, port: int, rank: int, world_size: int, transport: list, meta: list, bucket_bytes: int
     ) -> bool:
-        """Build this worker's end of the weight transport (`transport`: [learner.weight_transport, backend])."""
+        """Build this worker's end of the weight transport (`transport`: [learner.weight_transport, backend]). `rank` is
+        the engine's first rank in the weight group; each tensor-parallel worker joins at `rank` + its rank within the
+        engine (torch.distributed's, which vLLM initialises for its workers: 0 with one worker), as SGLang's
+        `rank_offset` does."""
         self._asyncrl_meta = [TensorMeta(n, d, tuple(s)) for n, d, s in meta]
         self._asyncrl_buckets = plan_buckets(self._asyncrl_meta, bucket_bytes)
         self._asyncrl_units = self._asyncrl_load_units([m.name for m in self._asyncrl_meta])
         device = torch.device(self.device) if isinstance(self.device, str) else self.device  # type: ignore[attr-defined]
         self._asyncrl_receiver = make_receiver(*transport, self._asyncrl_meta, self._asyncrl_buckets, device)
-        self._asyncrl_receiver.connect(host, port, rank, world_size)
+        tp_rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+        self._asyncrl_receiver.connect(host, port, rank + tp_rank, world_size)
         return True
 
     def asyncrl_receive_weights(self, payload=None) -> int:

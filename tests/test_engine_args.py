@@ -7,7 +7,8 @@ import pytest
 from actors import engine as vllm_mod
 from actors import engines
 from actors import sglang_engine as sglang_mod
-from actors.engine import check_weight_sync_ranks, vllm_engine_args
+from actors.engine import vllm_engine_args
+from asyncrl.orchestration.weight_sync import weight_group_ranks
 from actors.sglang_engine import sglang_engine_args
 from asyncrl.core.config import ConfigError, load_config
 
@@ -129,10 +130,9 @@ def test_rollout_worker_builds_its_engine_from_the_config(monkeypatch):
     assert args[6] == 0.7 and kwargs["tensor_parallel_size"] == 2 and kwargs["cuda_graphs"] is False
 
 
-def test_weight_sync_refuses_tensor_parallel_engines_naming_the_key():
-    check_weight_sync_ranks(1)
-    with pytest.raises(NotImplementedError, match=r"rollout\.tensor_parallel_size=2"):
-        check_weight_sync_ranks(2)
+def test_the_weight_group_counts_every_tensor_parallel_rank():
+    assert weight_group_ranks(3, 1) == (4, [1, 2, 3])  # learner rank 0, one rank per engine
+    assert weight_group_ranks(2, 4) == (9, [1, 5])  # engine 1's workers join at 5, 6, 7, 8
 
 
 # ---- config -------------------------------------------------------------------------

@@ -23,15 +23,16 @@ class WeightSync:
         self.learner = learners[0]  # rank 0: it publishes
         self.bucket_bytes = cfg.learner.sync_bucket_bytes
         self.transport = cfg.learner.weight_transport
+        self.engine_ranks = cfg.rollout.tensor_parallel_size  # every tensor-parallel rank of an engine joins the group
         self.in_flight: list | None = None  # each engine's load of the version last published
 
     def connect(self, workers: list, host: str) -> None:
         """(Re)build the group of learner rank 0 and every engine, rendezvousing at `host`."""
         port = ray.get(self.learner.pick_port.remote(host))
         meta, transport = ray.get([self.learner.weight_meta.remote(), self.learner.transport.remote()])
-        world = 1 + len(workers)
+        world, ranks = weight_group_ranks(len(workers), self.engine_ranks)
         refs = [self.learner.init_weight_sync.remote(host, port, world)]
-        refs += [w.init_weight_sync.remote(host, port, 1 + i, world, transport, meta, self.bucket_bytes) for i, w in enumerate(workers)]
+        refs += [w.init_weight_sync.remote(host, port, first, world, transport, meta, self.bucket_bytes) for w, first in zip(workers, ranks)]
         ray.get(refs)
 
     def publish(self, workers: list, version: int) -> dict:
@@ -68,3 +69,9 @@ class WeightSync:
             raise errors[0]
         ray.get(self.learner.weights_loaded.remote())  # e.g. the IPC snapshot, mapped and loaded by every engine, may go
         return load_s, [i for i in dead if i != skip]
+
+
+def weight_group_ranks(engines: int, tensor_parallel_size: int) -> tuple[int, list[int]]:
+    """(world size of the weight group, each engine's first rank): learner rank 0, then `tensor_parallel_size` ranks
+    per engine, one per tensor-parallel worker (each joins at its engine's first rank + its tensor-parallel rank)."""
+    return 1 + engines * tensor_parallel_size, [1 + i * tensor_parallel_size for i in range(engines)]
