@@ -52,7 +52,7 @@ def learner_step_s(config: Path, dtype: str, steps: int, n: int, prompt: int, re
     from asyncrl.core.models.cache import cache_dir
 
     cfg = load_config(config, [f"model.dtype={dtype}", f"learner.batch_size={n}", "rollout.group_size=4", f"learner.micro_batch_size={n}",
-                               f"model.max_model_len={prompt + response + 8}", "learner.torch_threads=2"])
+                               "learner.torch_threads=2"])
     path = resolve_model_path(cfg.model.path, cfg.task.digits, cfg.run.seed, cache_dir(cfg.model.cache_dir))
     lrn = Learner(cfg, str(path))
     samples = batch(lrn.model.config.vocab_size, n, prompt, response)
