@@ -131,6 +131,11 @@ class Learner:
             self.critic_opt = torch.optim.AdamW(self.critic.parameters(), lr=lcfg.critic_lr, weight_decay=lcfg.weight_decay)
         self.sync_meta = tensor_meta(self._sync_shapes())
         self.buckets = plan_buckets(self.sync_meta, lcfg.sync_bucket_bytes)
+        # FSDP2 fixes each unit's gradient dtypes (reduce in fp32, then the master's dtype) at the model's first
+        # forward, from which parameters require grad then; peft's `disable_adapter` (the LoRA reference pass) turns
+        # requires_grad off on the adapter, so the first forward must not be the reference's: one token, now
+        with torch.no_grad():
+            self.model(input_ids=torch.tensor([[self.pad_id]], device=self.device))
 
     def close(self) -> None:
         if self.dp is not None:

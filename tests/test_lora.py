@@ -105,3 +105,15 @@ def test_lora_sync_reaches_the_engine(ray_local, random_model_dir, tmp_path):
         assert sync["bytes"] == 4 * (sum(p.numel() for p in base.values()) - unsent)
     finally:
         ctl.shutdown()
+
+
+def test_lora_with_bf16_compute_trains_when_the_reference_pass_comes_first(random_model_dir):
+    """The reference (adapter off) is the first forward of a step; with bf16 compute FSDP2 must still reduce the
+    adapter's gradients in fp32 into its fp32 master (a bf16 gradient was once assigned to it: a RuntimeError)."""
+    lrn = learner(random_model_dir, *LORA, "model.dtype=bfloat16", "learner.lr=1e-3")
+    before = {n: w for n, (w, _) in lrn.parameters_and_grads().items() if ".lora_B." in n}
+    metrics = lrn.train_step(fake_samples(), version=0)
+    assert "kl/ref" in metrics  # the reference pass ran
+    after = lrn.parameters_and_grads()
+    assert all(after[n][1].dtype == torch.float32 for n in before)
+    assert any(not torch.equal(after[n][0], w) for n, w in before.items())
