@@ -79,12 +79,6 @@ def merged_weight(model: torch.nn.Module, name: str, full: Callable[[torch.Tenso
     return merged
 
 
-def merged_named_weights(model: torch.nn.Module, modules: list[str]) -> list[tuple[str, torch.Tensor]]:
-    """(checkpoint weight name, merged weight) for each module of `modules` (see `sync_modules`)."""
-    with torch.no_grad():
-        return [(f"{name}.weight", merged_weight(model, name)) for name in modules]
-
-
 def merge_state_dict(state: dict[str, torch.Tensor], scaling: float, adapter: str = "default") -> dict[str, torch.Tensor]:
     """A peft model's whole state dict (`base_model.model.` keys, `base_layer` and `lora_A/B.<adapter>` weights)
     as the plain model's: each adapted weight is W + scaling * B @ A, every other tensor as it is."""
