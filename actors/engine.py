@@ -17,7 +17,7 @@ import os
 import time
 from dataclasses import dataclass
 
-EXTENSION = "actors.vllm_ext.WeightSyncExtension"
+EXTENSION = "asyncrl.actors.vllm_ext.WeightSyncExtension"
 
 
 @dataclass

@@ -5,7 +5,7 @@ when chosen, since it lives next to the environment (`make sglang`), not in it.
 """
 from __future__ import annotations
 
-from actors.engine import VLLMEngine
+from asyncrl.actors.engine import VLLMEngine
 
 
 def make_engine(engine: str, model_path: str, dtype: str, max_model_len: int, seed: int, kv_cache_gib: float, gpu_mem: float,
@@ -16,7 +16,7 @@ def make_engine(engine: str, model_path: str, dtype: str, max_model_len: int, se
     (rollout.gpu_memory_utilization), `tensor_parallel_size` and `cuda_graphs`; on the CPU an engine is eager with
     one rank (`actors.engine.vllm_engine_args`, `actors.sglang_engine.sglang_engine_args`)."""
     if engine == "sglang":
-        from actors.sglang_engine import SGLangEngine
+        from asyncrl.actors.sglang_engine import SGLangEngine
 
         return SGLangEngine(model_path, dtype, max_model_len, seed, kv_cache_gib, gpu_mem, priority, stop_strings,
                             tensor_parallel_size=tensor_parallel_size, cuda_graphs=cuda_graphs)
@@ -29,7 +29,7 @@ def make_engine(engine: str, model_path: str, dtype: str, max_model_len: int, se
 def engine_runtime_env(engine: str, on_gpu: bool) -> dict:
     """What a rollout actor of `engine` adds to the job's runtime_env (SGLang: its own PYTHONPATH)."""
     if engine == "sglang":
-        from actors.sglang_engine import sglang_env
+        from asyncrl.actors.sglang_engine import sglang_env
 
         return {"env_vars": sglang_env(on_gpu)}
     return {}

@@ -21,9 +21,9 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from torch.distributed.tensor import DTensor
 from transformers import AutoModelForCausalLM
 
-from algorithms import AdvantageInputs, LossInputs, get_algorithm
-from algorithms.correction import mismatch_metrics
-from algorithms.base import KL_ESTIMATORS, LossOutput, ValueLossInputs, as_advantages, has_critic, kl_k3, masked_mean, token_level_rewards
+from asyncrl.algorithms import AdvantageInputs, LossInputs, get_algorithm
+from asyncrl.algorithms.correction import mismatch_metrics
+from asyncrl.algorithms.base import KL_ESTIMATORS, LossOutput, ValueLossInputs, as_advantages, has_critic, kl_k3, masked_mean, token_level_rewards
 from asyncrl.core.batching import Batch, collate, sequence_stats, token_logprobs
 from asyncrl.core.config import Config
 from asyncrl.core.messages import SentWeights

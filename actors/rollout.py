@@ -72,9 +72,9 @@ from dataclasses import dataclass, field
 
 import ray
 
-from actors.engine import Finished
-from actors.engines import make_engine
-from actors.reward import SCORING_CHECK_S, RewardClient
+from asyncrl.actors.engine import Finished
+from asyncrl.actors.engines import make_engine
+from asyncrl.actors.reward import SCORING_CHECK_S, RewardClient
 from asyncrl.core.config import Config
 from asyncrl.core.agents import AgentEnvironment, AgentHost, AgentRun
 from asyncrl.core.envs import EpisodeLimits, EpisodeRun, make_environment, observation_ids

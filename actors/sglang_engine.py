@@ -48,7 +48,7 @@ import threading
 import time
 from pathlib import Path
 
-from actors.engine import Finished, check_tensor_parallel, cuda_available
+from asyncrl.actors.engine import Finished, check_tensor_parallel, cuda_available
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIMS = ROOT / "shims" / "sglang_cpu"

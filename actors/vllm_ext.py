@@ -1,6 +1,6 @@
 """The receiving end of the weight broadcast, mixed into vLLM's worker.
 
-Passed to vLLM as ``worker_extension_cls="actors.vllm_ext.WeightSyncExtension"``
+Passed to vLLM as ``worker_extension_cls="asyncrl.actors.vllm_ext.WeightSyncExtension"``
 and called through ``collective_rpc``; arguments are plain lists so that the
 same calls work when the worker lives in another process (GPU, AsyncLLM).
 

@@ -1,6 +1,6 @@
 """Algorithm plugins. Built-ins register here; users name their own module by dotted path."""
-from algorithms import grpo, ppo, reinforce_pp, rloo
-from algorithms.base import (
+from asyncrl.algorithms import grpo, ppo, reinforce_pp, rloo
+from asyncrl.algorithms.base import (
     AdvantageInputs,
     Advantages,
     LossInputs,

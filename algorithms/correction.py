@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from algorithms.base import kl_k3, masked_max, masked_mean
+from asyncrl.algorithms.base import kl_k3, masked_max, masked_mean
 
 PRESETS = ("none", "token_tis", "seq_tis", "token_mis", "seq_mis", "geo_rs", "icepop")
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from algorithms.base import (
+from asyncrl.algorithms.base import (
     AdvantageInputs,
     LossInputs,
     LossOutput,
@@ -27,7 +27,7 @@ from algorithms.base import (
     masked_mean,
     masked_min,
 )
-from algorithms.correction import Correction, correct
+from asyncrl.algorithms.correction import Correction, correct
 
 
 def compute_advantages(inputs: AdvantageInputs, cfg: Any) -> torch.Tensor:

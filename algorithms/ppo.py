@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from algorithms.base import (
+from asyncrl.algorithms.base import (
     AdvantageInputs,
     Advantages,
     LossOutput,
@@ -23,7 +23,7 @@ from algorithms.base import (
     masked_mean,
     masked_whiten,
 )
-from algorithms.grpo import policy_loss  # noqa: F401  (same loss, same correction modes)
+from asyncrl.algorithms.grpo import policy_loss  # noqa: F401  (same loss, same correction modes)
 
 critic = True
 

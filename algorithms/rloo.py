@@ -10,8 +10,8 @@ from typing import Any
 
 import torch
 
-from algorithms.base import AdvantageInputs, group_relative_advantages
-from algorithms.grpo import policy_loss  # noqa: F401  (same loss, same correction modes)
+from asyncrl.algorithms.base import AdvantageInputs, group_relative_advantages
+from asyncrl.algorithms.grpo import policy_loss  # noqa: F401  (same loss, same correction modes)
 
 
 def compute_advantages(inputs: AdvantageInputs, cfg: Any) -> torch.Tensor:

@@ -46,7 +46,7 @@ def batch(vocab: int, n: int, prompt: int, response: int) -> list[dict]:
 
 
 def learner_step_s(config: Path, dtype: str, steps: int, n: int, prompt: int, response: int) -> float:
-    from actors.learner import Learner
+    from asyncrl.actors.learner import Learner
     from asyncrl.core.config import load_config
     from asyncrl.core.models import resolve_model_path
     from asyncrl.core.models.cache import cache_dir

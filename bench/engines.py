@@ -45,7 +45,7 @@ def child(args) -> None:
     """One engine: generation rounds, then `--versions` weight versions received from the parent (rank 0)."""
     import torch
 
-    from actors.engines import make_engine
+    from asyncrl.actors.engines import make_engine
     from asyncrl.core.config import load_config
     from asyncrl.core.models import model_dir
     from asyncrl.core.tasks import encode_prompt, make_task
@@ -107,7 +107,7 @@ def run_engine(engine: str, args, cfg, model_path: str) -> dict:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from actors.engines import engine_runtime_env
+    from asyncrl.actors.engines import engine_runtime_env
     from asyncrl.core.weights import WeightSender, flatten_into_buckets, free_port, init_group, plan_buckets, tensor_meta
 
     env = dict(os.environ)

@@ -179,7 +179,7 @@ def worker(spec_path: Path, rank: int) -> None:
 
             sys.modules["ray"] = types.ModuleType("ray", "a stand-in: Ray is not installed")
             ray_stubbed = True
-    import actors.learner as learner_module
+    import asyncrl.actors.learner as learner_module
     from asyncrl.core.config import load_config
 
     try:

@@ -73,7 +73,7 @@ def median(rows: list[dict], key: str) -> float:
 def engine_alone(config: Path, n_groups: int, limits: list[int | None]) -> list[float]:
     """Tokens/s of the bare vLLM engine on the rollout worker's core, prompts and sampling parameters, for each
     limit on the requests in flight (None: as many as the worker may have, max_inflight_groups x group_size)."""
-    from actors.engine import VLLMEngine
+    from asyncrl.actors.engine import VLLMEngine
     from asyncrl.core.config import load_config
     from asyncrl.core.models import model_dir
     from asyncrl.core.tasks import encode_prompt, make_task

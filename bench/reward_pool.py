@@ -27,8 +27,8 @@ import ray
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from actors.buffer import ReplayBuffer  # noqa: E402
-from actors.rollout import RolloutWorker  # noqa: E402
+from asyncrl.actors.buffer import ReplayBuffer  # noqa: E402
+from asyncrl.actors.rollout import RolloutWorker  # noqa: E402
 from asyncrl.core.config import load_config  # noqa: E402
 from asyncrl.core.models import resolve_model_path  # noqa: E402
 from asyncrl.core.models.cache import cache_dir  # noqa: E402

@@ -30,7 +30,7 @@ def quantile(sorted_values: list[int], q: float) -> int:
 def probe(config: str, problems: int, k: int, threads: int) -> dict:
     from vllm import SamplingParams
 
-    from actors.engine import VLLMEngine
+    from asyncrl.actors.engine import VLLMEngine
     from asyncrl.core.config import load_config
     from asyncrl.core.models import model_dir
     from asyncrl.core.tasks import encode_prompt, make_reward, make_task

@@ -302,7 +302,7 @@ def evaluate(config: Path, model: str, sides: list[list[dict]]) -> float:
     import torch
     from safetensors.torch import load_file
 
-    from actors.engine import VLLMEngine
+    from asyncrl.actors.engine import VLLMEngine
     from asyncrl.core.config import load_config
     from asyncrl.core.tasks import encode_prompt, make_reward, make_task
 

@@ -56,7 +56,7 @@ def main() -> None:
     args = parser.parse_args()
     import torch
 
-    from actors.engine import VLLMEngine
+    from asyncrl.actors.engine import VLLMEngine
     from asyncrl.core.config import load_config
     from asyncrl.core.models import model_dir
     from asyncrl.core.tasks import encode_prompt, make_task

@@ -15,8 +15,8 @@ import pytest
 import ray
 from transformers import AutoTokenizer
 
-from actors.buffer import ReplayBuffer
-from actors.engines import engine_runtime_env
+from asyncrl.actors.buffer import ReplayBuffer
+from asyncrl.actors.engines import engine_runtime_env
 from asyncrl.core.agents import AWAIT, AgentEnd, AgentRun, ChatRequest, ChatRequestError, divergence, normalise_messages, parse_request
 from asyncrl.core.envs import EpisodeLimits
 from asyncrl.core.config import ConfigError, load_config

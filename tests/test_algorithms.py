@@ -10,9 +10,9 @@ import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
-import algorithms
-from algorithms import AdvantageInputs, LossInputs, get_algorithm, register_algorithm, registered_algorithms
-from algorithms.base import (
+import asyncrl.algorithms as algorithms
+from asyncrl.algorithms import AdvantageInputs, LossInputs, get_algorithm, register_algorithm, registered_algorithms
+from asyncrl.algorithms.base import (
     ValueLossInputs, as_advantages, gae, has_critic, group_relative_advantages, kl_k1, kl_k2, kl_k3, masked_mean, masked_whiten,
     token_level_rewards,
 )
@@ -129,7 +129,7 @@ def test_user_plugin_by_dotted_path(tmp_path, monkeypatch):
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
     (pkg / "my_algo.py").write_text(textwrap.dedent("""
-        from algorithms.grpo import policy_loss
+        from asyncrl.algorithms.grpo import policy_loss
         def compute_advantages(inputs, cfg):
             return inputs.rewards - inputs.rewards.mean()
     """))
@@ -156,7 +156,7 @@ def test_reinforce_pp_batch_whitening_by_hand():
 
 
 def test_loss_aggregation_by_hand():
-    from algorithms.base import aggregate
+    from asyncrl.algorithms.base import aggregate
 
     per_token = torch.tensor([[1.0, 3.0, 0.0], [6.0, 0.0, 0.0]])
     mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
@@ -167,7 +167,7 @@ def test_loss_aggregation_by_hand():
 
 
 def test_effective_sample_size_by_hand():
-    from algorithms.base import effective_sample_size
+    from asyncrl.algorithms.base import effective_sample_size
 
     mask = torch.ones(1, 4)
     assert effective_sample_size(torch.ones(1, 4), mask).item() == pytest.approx(1.0)

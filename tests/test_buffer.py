@@ -1,7 +1,7 @@
 """ReplayBuffer in-process: staleness drops, admission, exactly-one status per sample."""
 import asyncio
 
-from actors.buffer import ReplayBuffer
+from asyncrl.actors.buffer import ReplayBuffer
 from asyncrl.core.config import load_config
 from asyncrl.core.schema import new_sample
 from asyncrl.core.store import read_trajectories

@@ -4,8 +4,8 @@ import math
 import pytest
 import torch
 
-from algorithms import LossInputs, get_algorithm
-from algorithms.correction import mismatch_metrics, rollout_correction
+from asyncrl.algorithms import LossInputs, get_algorithm
+from asyncrl.algorithms.correction import mismatch_metrics, rollout_correction
 from asyncrl.core.config import AlgorithmConfig, ConfigError, config_from_dict
 from asyncrl.core.shaping import overlong_penalty, shaped_reward, zero_variance
 

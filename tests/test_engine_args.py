@@ -4,12 +4,12 @@ rollout.num_gpus. Fast: no Ray, no engine start, no GPU. The GPU arguments are o
 none of them has run on a GPU (docs/engines-gpu.md)."""
 import pytest
 
-from actors import engine as vllm_mod
-from actors import engines
-from actors import sglang_engine as sglang_mod
-from actors.engine import vllm_engine_args
+from asyncrl.actors import engine as vllm_mod
+from asyncrl.actors import engines
+from asyncrl.actors import sglang_engine as sglang_mod
+from asyncrl.actors.engine import vllm_engine_args
 from asyncrl.orchestration.weight_sync import weight_group_ranks
-from actors.sglang_engine import sglang_engine_args
+from asyncrl.actors.sglang_engine import sglang_engine_args
 from asyncrl.core.config import ConfigError, load_config
 
 BASE = ("/models/m", "bfloat16", 1024, 7, 0.8)  # model_path, dtype, max_model_len, seed, gpu_mem
@@ -113,7 +113,7 @@ def test_make_engine_passes_the_options_on(monkeypatch, name, cls):
 
 
 def test_rollout_worker_builds_its_engine_from_the_config(monkeypatch):
-    from actors import rollout
+    from asyncrl.actors import rollout
 
     class Built(Exception):
         pass

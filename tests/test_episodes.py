@@ -18,9 +18,9 @@ import ray
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from actors.buffer import ReplayBuffer
-from actors.engines import engine_runtime_env
-from actors.rollout import RolloutWorker
+from asyncrl.actors.buffer import ReplayBuffer
+from asyncrl.actors.engines import engine_runtime_env
+from asyncrl.actors.rollout import RolloutWorker
 from asyncrl.core.batching import collate, token_logprobs
 from asyncrl.core.config import load_config
 from asyncrl.core.envs import observation_ids

@@ -18,9 +18,9 @@ from types import SimpleNamespace
 import pytest
 import ray
 
-from actors.buffer import ReplayBuffer
-from actors.engine import Finished
-from actors.rollout import RolloutWorker, _Group
+from asyncrl.actors.buffer import ReplayBuffer
+from asyncrl.actors.engine import Finished
+from asyncrl.actors.rollout import RolloutWorker, _Group
 from asyncrl.core.config import load_config
 from asyncrl.core.messages import GroupId, WorkerCounters
 from asyncrl.core.store import read_trajectories

@@ -1,9 +1,9 @@
 """The layers, from the ground floor up; an import that goes the wrong way fails here.
 
-    algorithms/              the plugins' math (ground floor)
+    algorithms/              the plugins' math (ground floor; installed as asyncrl.algorithms)
     asyncrl/core/            config, schema, store, staleness, tasks, weights, metrics, models, ...
     asyncrl/analysis/        reading run directories back
-    actors/                  the Ray actors
+    actors/                  the Ray actors (installed as asyncrl.actors)
     asyncrl/orchestration/   the controller: pools, step loop, weight-sync coordination
     asyncrl/run.py, inspect.py, plot.py   the entry points
 
@@ -17,7 +17,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-LAYERS = ["algorithms", "asyncrl.core", "asyncrl.analysis", "actors", "asyncrl.orchestration", "asyncrl"]
+LAYERS = ["asyncrl.algorithms", "asyncrl.core", "asyncrl.analysis", "asyncrl.actors", "asyncrl.orchestration", "asyncrl"]
+MAPPED = {"actors": "asyncrl.actors", "algorithms": "asyncrl.algorithms"}
+"""Folders of the repo installed under another package name (pyproject.toml's package-dir)."""
 """Lowest first; `asyncrl` alone is its top floor (the entry points and the package itself)."""
 
 
@@ -32,11 +34,20 @@ def layer(module: str) -> int:
 
 def module_name(path: Path) -> str:
     parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    parts[0] = MAPPED.get(parts[0], parts[0])
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+def source_path(dotted: str) -> Path:
+    """Where a dotted module of this project lives in the repo (without .py)."""
+    for folder, package in MAPPED.items():
+        if dotted == package or dotted.startswith(package + "."):
+            dotted = folder + dotted[len(package):]
+    return ROOT / dotted.replace(".", "/")
+
+
 def is_module(dotted: str) -> bool:
-    path = ROOT / dotted.replace(".", "/")
+    path = source_path(dotted)
     return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
 
 
@@ -77,11 +88,11 @@ def test_imports_only_go_down(path):
 
 
 def test_the_rule_catches_an_upward_import():
-    assert layer("asyncrl.core.config") < layer("actors.learner") < layer("asyncrl.orchestration.controller") < layer("asyncrl.run")
-    assert layer("asyncrl.analysis.runs") < layer("actors.rollout") and layer("algorithms.grpo") == 0 and layer("numpy") == -1
-    lazy = "import torch\n\ndef f():\n    from actors.learner import Learner\n    return Learner\n"
-    assert upward("asyncrl.core.weights", lazy, "asyncrl.core") == ["line 4: actors.learner (actors)"]
+    assert layer("asyncrl.core.config") < layer("asyncrl.actors.learner") < layer("asyncrl.orchestration.controller") < layer("asyncrl.run")
+    assert layer("asyncrl.analysis.runs") < layer("asyncrl.actors.rollout") and layer("asyncrl.algorithms.grpo") == 0 and layer("numpy") == -1
+    lazy = "import torch\n\ndef f():\n    from asyncrl.actors.learner import Learner\n    return Learner\n"
+    assert upward("asyncrl.core.weights", lazy, "asyncrl.core") == ["line 4: asyncrl.actors.learner (asyncrl.actors)"]
     assert upward("asyncrl.core.models.tiny", "from .. import tasks\nfrom . import cache\n", "asyncrl.core.models") == []
-    assert upward("actors.buffer", "from asyncrl import run\n", "actors") == ["line 1: asyncrl.run (asyncrl)"]
+    assert upward("asyncrl.actors.buffer", "from asyncrl import run\n", "asyncrl.actors") == ["line 1: asyncrl.run (asyncrl)"]
     assert upward("asyncrl.core.config", "from asyncrl.orchestration import controller\n", "asyncrl.core") == [
         "line 1: asyncrl.orchestration.controller (asyncrl.orchestration)"]

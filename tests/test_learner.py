@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from actors.learner import Learner
+from asyncrl.actors.learner import Learner
 from asyncrl.core.batching import collate, token_logprobs
 from asyncrl.core.config import load_config
 

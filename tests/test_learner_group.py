@@ -3,7 +3,7 @@ holding half of the weights."""
 import pytest
 import torch
 
-from actors.learner import Learner
+from asyncrl.actors.learner import Learner
 from asyncrl.core.weights import free_port
 from tests.test_learner import fake_samples, learner
 

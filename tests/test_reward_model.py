@@ -6,8 +6,8 @@ import ray
 import torch
 from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
-from actors.buffer import ReplayBuffer
-from actors.reward import RewardWorker
+from asyncrl.actors.buffer import ReplayBuffer
+from asyncrl.actors.reward import RewardWorker
 from asyncrl.core.config import ConfigError, load_config
 from asyncrl.core.reward_model import RewardModel
 from asyncrl.core.scoring import ScoringProcess, reward_traits

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import ray
 
-from actors.buffer import ReplayBuffer
-from actors.reward import RewardWorker
+from asyncrl.actors.buffer import ReplayBuffer
+from asyncrl.actors.reward import RewardWorker
 from asyncrl.core.config import load_config
 from asyncrl.core.messages import GroupId
 from asyncrl.core.schema import new_sample
@@ -242,7 +242,7 @@ def test_a_run_with_hung_and_crashing_rewards_finishes_with_every_sample_recorde
 
 @pytest.mark.slow
 def test_groups_held_by_a_reward_actor_that_dies_are_handed_over_again_and_scored_once(random_model_dir, ray_local, tmp_path):
-    from actors.rollout import RolloutWorker
+    from asyncrl.actors.rollout import RolloutWorker
     from asyncrl.orchestration.pools import RewardPool
 
     cfg = load_config(None, [f"rollout.group_size={GROUP}", "rollout.max_new_tokens=8", "rollout.max_inflight_groups=2", "learner.batch_size=8",

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from actors import sglang_engine
-from actors.engines import engine_runtime_env
+from asyncrl.actors import sglang_engine
+from asyncrl.actors.engines import engine_runtime_env
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIMS = ROOT / "shims" / "sglang_cpu"

@@ -4,7 +4,7 @@ the learner may train on while a version is in flight without changing what the 
 import pytest
 import ray
 
-from actors.learner import Learner
+from asyncrl.actors.learner import Learner
 from asyncrl.core.config import load_config
 from asyncrl.core.models.cache import ModelSource
 from asyncrl.orchestration.controller import Controller

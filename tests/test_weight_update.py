@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 import ray
 
-from actors.buffer import ReplayBuffer
-from actors.engines import engine_runtime_env
-from actors.rollout import RolloutWorker
+from asyncrl.actors.buffer import ReplayBuffer
+from asyncrl.actors.engines import engine_runtime_env
+from asyncrl.actors.rollout import RolloutWorker
 from asyncrl.core.config import load_config
 from asyncrl.orchestration.cluster import ACTOR_ENV
 from asyncrl.core.schema import new_sample

@@ -52,7 +52,7 @@ LLAMA_MODULES = {"", "model", "model.embed_tokens", "model.norm", "lm_head", "mo
 
 
 def test_load_units_put_checkpoint_qkv_and_gate_up_in_their_fused_parents():
-    from actors.vllm_ext import load_units
+    from asyncrl.actors.vllm_ext import load_units
 
     names = [f"model.layers.2.self_attn.{p}_proj.weight" for p in "qkvo"] + [f"model.layers.2.mlp.{p}_proj.weight" for p in ("gate", "up", "down")]
     assert load_units(LLAMA_MODULES, names) == ["model.layers.2.mlp", "model.layers.2.self_attn"]
@@ -62,7 +62,7 @@ def test_load_units_put_checkpoint_qkv_and_gate_up_in_their_fused_parents():
 
 
 def test_load_units_keep_the_outermost_and_fall_back_to_the_whole_model():
-    from actors.vllm_ext import load_units
+    from asyncrl.actors.vllm_ext import load_units
 
     names = ["model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.o_proj.weight"]
     assert load_units(LLAMA_MODULES, names) == ["model.layers.0.self_attn"]  # o_proj is inside self_attn's unit

@@ -39,8 +39,11 @@ def is_online() -> bool:
 
 
 def build_workspace(entity: str, project: str, name: str):
-    import wandb_workspaces.reports.v2 as wr
-    import wandb_workspaces.workspaces as ws
+    try:
+        import wandb_workspaces.reports.v2 as wr
+        import wandb_workspaces.workspaces as ws
+    except ImportError as exc:
+        raise SystemExit(f"asyncrl: the dashboard needs wandb-workspaces: pip install 'asyncrl[demo]' ({exc})") from None
 
     sections = [ws.Section(name=title, panels=[wr.LinePlot(x="Step", y=[key]) for key in keys], is_open=True) for title, keys in SECTIONS]
     return ws.Workspace(name=name, entity=entity, project=project, sections=sections)

@@ -14,7 +14,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from algorithms.correction import PRESETS as ROLLOUT_CORRECTIONS
+from asyncrl.algorithms.correction import PRESETS as ROLLOUT_CORRECTIONS
 from asyncrl.core.tasks import TINY_HELD_OUT
 
 

@@ -16,7 +16,7 @@ import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
-from actors.model_files import ModelFiles
+from asyncrl.actors.model_files import ModelFiles
 from asyncrl.core.config import Config
 from asyncrl.core.models.cache import ModelSource, model_on_this_node
 

@@ -22,9 +22,9 @@ import yaml
 from ray.util.placement_group import remove_placement_group
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from actors.buffer import ReplayBuffer
-from actors.learner import Learner
-from algorithms import get_algorithm
+from asyncrl.actors.buffer import ReplayBuffer
+from asyncrl.actors.learner import Learner
+from asyncrl.algorithms import get_algorithm
 from asyncrl.analysis.runs import bottleneck, eval_summary
 from asyncrl.core.checkpoint import latest_checkpoint, read_state, truncate_metrics, write_checkpoint
 from asyncrl.core.config import Config
@@ -345,7 +345,7 @@ class Controller:
 def check_plugins(cfg: Config) -> None:
     """Task, reward, algorithm and engine resolve before Ray starts (an error naming the culprit)."""
     if cfg.rollout.engine == "sglang":
-        from actors.sglang_engine import check_installed
+        from asyncrl.actors.sglang_engine import check_installed
 
         check_installed()
     make_task(cfg.task, cfg.run.seed)

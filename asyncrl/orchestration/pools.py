@@ -10,9 +10,9 @@ from __future__ import annotations
 import ray
 from ray.util.placement_group import PlacementGroup
 
-from actors.engines import engine_runtime_env
-from actors.reward import RewardWorker
-from actors.rollout import RolloutWorker
+from asyncrl.actors.engines import engine_runtime_env
+from asyncrl.actors.reward import RewardWorker
+from asyncrl.actors.rollout import RolloutWorker
 from asyncrl.core.config import Config
 from asyncrl.core.messages import RewardStats, WorkerStats
 from asyncrl.orchestration.cluster import in_pool

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from algorithms.base import AdvantageInputs, LossInputs, LossOutput, aggregate, group_relative_advantages
+from asyncrl.algorithms.base import AdvantageInputs, LossInputs, LossOutput, aggregate, group_relative_advantages
 
 
 def compute_advantages(inputs: AdvantageInputs, cfg: Any) -> torch.Tensor:

@@ -6,7 +6,7 @@ is a plain class, imported without Ray. Run it with the benchmark as one script:
 import pytest
 import torch
 
-from actors.learner import Learner
+from asyncrl.actors.learner import Learner
 from asyncrl.core.config import load_config
 from tests.test_learner import fake_samples, weights
 

