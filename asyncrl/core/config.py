@@ -8,6 +8,9 @@ status 2. Rules that tie two keys together are `cross_checks`, below the section
 """
 from __future__ import annotations
 
+import types
+import typing
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -472,6 +475,45 @@ def _check_agent(cfg: Config) -> None:
     _check(cfg.model.max_model_len > e.max_episode_tokens, "model.max_model_len", "must exceed env.max_episode_tokens")
     _check(e.endpoint_port == 0 or cfg.rollout.num_workers == 1, "env.endpoint_port",
            "a fixed port serves one rollout worker per node: use 0 (a free port each) with rollout.num_workers > 1")
+
+
+@dataclass(frozen=True)
+class KeyDoc:
+    """One config key as a user sees it: `asyncrl run --help` and the configuration reference are made of these."""
+
+    key: str
+    """Dotted key, e.g. learner.lora.rank."""
+    type: str
+    """int, float, bool, str, list[int], dict[str, float], one of: a, b, c (a Literal), or X | None."""
+    default: Any
+    """The value a config that omits the key gets."""
+    doc: str
+    """The field's docstring."""
+
+
+def type_text(annotation: Any) -> str:
+    """A field's type as a user reads it: `Literal["a", "b"]` is "one of: a, b", `float | None` is "float | None"."""
+    origin = typing.get_origin(annotation)
+    if origin is Literal:
+        return "one of: " + ", ".join(str(a) for a in typing.get_args(annotation))
+    if origin in (typing.Union, types.UnionType):
+        return " | ".join("None" if a is type(None) else type_text(a) for a in typing.get_args(annotation))
+    if origin is not None:
+        return f"{origin.__name__}[{', '.join(type_text(a) for a in typing.get_args(annotation))}]"
+    return getattr(annotation, "__name__", str(annotation))
+
+
+def config_keys(section: type[BaseModel] | None = None, prefix: str = "") -> list[KeyDoc]:
+    """Every key of the config (or of one section), in declaration order, nested sections flattened."""
+    keys: list[KeyDoc] = []
+    for name, field in (section or Config).model_fields.items():
+        annotation = field.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            keys += config_keys(annotation, f"{prefix}{name}.")
+            continue
+        default = field.get_default(call_default_factory=True)
+        keys.append(KeyDoc(f"{prefix}{name}", type_text(annotation), default, " ".join((field.description or "").split())))
+    return keys
 
 
 RENAMED = {("algorithm", "is_level"): ("rollout_correction", {"token": "token_tis", "sequence": "seq_tis"})}
