@@ -1,8 +1,11 @@
-"""Entry point: ``python -m asyncrl.run --config configs/default.yaml key=value ...``.
+"""Entry point: ``asyncrl run --config configs/default.yaml key=value ...`` (or ``python -m asyncrl.run ...``).
 
 ``python -m asyncrl.run --resume RUN_DIR [key=value ...]`` continues that run
 from its latest checkpoint, with the config it was started with (overrides
 apply on top, e.g. ``run.steps=200`` to train longer).
+
+``--print-config`` prints the resolved config (defaults, file and overrides) as YAML and exits; ``--help``
+lists every config key with its type, default and meaning.
 
 Exit status 2, with one line naming the key, for any config problem, before
 Ray or an engine starts.
@@ -12,15 +15,32 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+import textwrap
 from pathlib import Path
 
-from asyncrl.core.config import ConfigError, load_config
+import yaml
+
+from asyncrl.core.config import ConfigError, KeyDoc, config_keys, load_config
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m asyncrl.run", description=__doc__.splitlines()[0])
+def keys_help(keys: list[KeyDoc], width: int = 100) -> str:
+    """Every config key for --help: a heading per section, then `key (type, default value)` and its doc, indented."""
+    lines, section = ["config keys (give them as section.key=value, or nested the same way in the --config YAML):"], ""
+    for k in keys:
+        if k.key.split(".")[0] != section:
+            section = k.key.split(".")[0]
+            lines += ["", f"{section}:"]
+        lines.append(f"  {k.key} ({k.type}, default {k.default!r})")
+        lines += textwrap.wrap(k.doc, width, initial_indent=" " * 6, subsequent_indent=" " * 6) if k.doc else []
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str] | None, prog: str = "python -m asyncrl.run") -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog=prog, description="Train a policy: --config FILE and section.key=value overrides, or --resume RUN_DIR.", epilog=keys_help(config_keys()),
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", help="YAML config (defaults apply to keys it omits)")
     parser.add_argument("--resume", metavar="RUN_DIR", help="continue this run directory from its latest checkpoint")
+    parser.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit (nothing starts)")
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. learner.lr=1e-5 run.steps=20")
     return parser.parse_args(argv)
 
@@ -55,8 +75,8 @@ def gain_text(summary: dict) -> str:
     return f"{gain:+.3f} ({z}; {summary['eval/gained']} gained, {summary['eval/lost']} lost of {n})"
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def main(argv: list[str] | None = None, prog: str = "python -m asyncrl.run") -> int:
+    args = parse_args(argv, prog)
     try:
         if args.resume:
             if args.config:
@@ -70,6 +90,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"asyncrl: config error: {exc}", file=sys.stderr)
         return 2
+    if args.print_config:
+        print(yaml.safe_dump(cfg.to_dict(), sort_keys=False), end="")
+        return 0
     from asyncrl.orchestration.controller import run  # heavy imports only after the config is valid
 
     try:
