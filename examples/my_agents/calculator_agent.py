@@ -1,4 +1,4 @@
-"""A black-box agent trained through asyncrl's OpenAI-compatible endpoint (env.agent; README "Black-box agents").
+"""A black-box agent trained through asyncrl's OpenAI-compatible endpoint (env.agent; docs/environments-and-agents.md).
 
 It is an ordinary program that calls an OpenAI chat API: it shows the model a worked example, asks the task,
 runs the calculator itself whenever a reply asks for it (`<tool>calc: 12 * 34</tool>`: each request stops at

@@ -4,7 +4,7 @@ The CPU build of `sgl_kernel` (`sglang-kernel-cpu`) is not published on PyPI, an
 its ops on every batch, whatever the attention backend. This package is test infrastructure for machines without
 that build: each op is registered with `torch.library` under the real op's name (`sgl_kernel::<op>`) and exposed
 under the real Python name. It sits at the END of `sys.path` (see ../../sitecustomize.py), so an installed
-`sgl_kernel` is always imported instead of it. The ops, one by one (README "SGLang on the CPU"):
+`sgl_kernel` is always imported instead of it. The ops, one by one (docs/engines.md, "SGLang on the CPU"):
 
 - `assign_req_to_token_pool_cpu(req_pool_indices, req_to_token, start_offset, end_offset, out_cache_loc,
   pool_len)`: for each request i of the batch, write its new KV slots `out_cache_loc[sum(len_<i) : sum(len_<=i)]`
