@@ -59,11 +59,11 @@ smoke: $(STAMP) $(SGLANG_STAMP)
 
 # the documentation site, built strictly (a broken link fails) into site/ (docs/development.md)
 docs: $(STAMP)
-	$(VENV)/bin/mkdocs build --strict -q -d site
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict -q -d site
 
 # the strict docs build, then everything but the `extended` repeats (docs/development.md); test-all runs those too
 test: $(STAMP) $(SGLANG_STAMP)
-	$(VENV)/bin/mkdocs build --strict -q -d site
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict -q -d site
 	$(PY) -m pytest -m "not extended" $(PYTEST_ARGS)
 
 test-all: $(STAMP) $(SGLANG_STAMP)

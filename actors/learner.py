@@ -34,6 +34,7 @@ from asyncrl.core.sharding import shard_model
 from asyncrl.core.models.value import ValueModel
 from asyncrl.core.util import pin_to_cores
 from asyncrl.core import lora as lora_lib
+from asyncrl.core.hf_export import ADAPTER_DIR, write_hf_model
 from asyncrl.core.weights import free_port, make_sender, plan_buckets, resolve_backend, tensor_meta, unpack
 
 
@@ -470,36 +471,20 @@ class Learner:
         return path
 
     def save(self, path: str, tokenizer_from: str) -> str:
-        """The final policy as a Hugging Face directory (`from_pretrained` reads it), in model.dtype, and with LoRA the
-        adapter alone too, as a peft adapter in `path`/adapter. Written by rank 0; a collective."""
-        from transformers import AutoTokenizer
-
+        """The policy as a Hugging Face directory (`from_pretrained` reads it; the final model, a checkpoint's hf/), in
+        model.dtype, and with LoRA the adapter alone too, as a peft adapter in `path`/adapter. Written by rank 0
+        (asyncrl.core.hf_export, as `python -m asyncrl.export` writes one); a collective."""
         full = self._full_state_dict()
         if self.dp.rank != 0:
             return path
-        export = plain_model(self.model_path, self._plain_state_dict(full), self.compute_dtype)
-        export.save_pretrained(path)
-        AutoTokenizer.from_pretrained(tokenizer_from).save_pretrained(path)
+        write_hf_model(path, self.model_path, self._plain_state_dict(full), self.compute_dtype, tokenizer_from)
         if self.lora_modules is not None:
-            lora_lib.save_adapter(self.model, full, f"{path}/adapter")
+            lora_lib.save_adapter(self.model, full, f"{path}/{ADAPTER_DIR}")
         return path
 
 
 CHECKPOINT_DIR = "learner"
 """The sharded learner state inside a run checkpoint (torch.distributed.checkpoint's format)."""
-
-
-def plain_model(model_path: str, state: dict[str, torch.Tensor], dtype: torch.dtype) -> torch.nn.Module:
-    """A Hugging Face model of `model_path`'s architecture holding `state` (built on the meta device: no second
-    initialisation of the weights)."""
-    from transformers import AutoConfig
-
-    config = AutoConfig.from_pretrained(model_path)
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    model.load_state_dict(state, strict=True, assign=True)
-    model.tie_weights()
-    return model.to(dtype)
 
 
 def _accumulate(acc: dict, metrics: dict, weight: float) -> None:

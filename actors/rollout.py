@@ -82,6 +82,7 @@ from asyncrl.core.messages import GroupId, LoadReport, WorkerCounters, WorkerSta
 from asyncrl.core.schema import Status, new_sample
 from asyncrl.core.reward_traits import per_sample
 from asyncrl.core.tools import ToolPool
+from asyncrl.core.evaluation import SOLVED, EvalScores
 from asyncrl.core.tasks import Prompt, RewardRunner, RewardThreadsStuck, RewardTimeout, encode_prompt, make_reward, make_task
 from asyncrl.core.util import pin_to_cores
 
@@ -114,6 +115,27 @@ class _Update:
     error: str | None = None
 
 
+EVAL_PREFIX = "asyncrl-eval-"
+"""Request ids of validation requests (`evaluate_live`): the loop hands their outputs to their evaluation, never to a group."""
+
+
+@dataclass
+class _Eval:
+    """Held-out problems the loop generates next to the training requests: one greedy response each, and `samples`
+    sampled at the rollout temperature. The loop thread encodes, submits and decodes (the tokenizer stays on that
+    thread); the caller scores the responses."""
+    prompts: list[Prompt]
+    samples: int
+    number: int  # this worker's evaluation count: request ids asyncrl-eval-<number>-<problem>-<g | s<j>>
+    responses: dict[str, tuple[str, int, bool]] = field(default_factory=dict)  # request id -> (text, tokens, truncated)
+    done: threading.Event = field(default_factory=threading.Event)
+    error: str | None = None
+
+    def request_ids(self) -> list[str]:
+        return [f"{EVAL_PREFIX}{self.number}-{i}-{kind}" for i in range(len(self.prompts))
+                for kind in ["g", *(f"s{j}" for j in range(self.samples))]]
+
+
 TRACE_LIMIT = 200_000
 """Engine steps kept between two drains, the newest (a stalled controller must not grow the worker without bound)."""
 
@@ -141,7 +163,7 @@ class RolloutWorker:
         )
         self.params = self.engine.sampling_params(r.temperature, r.top_p, r.max_new_tokens, self.stop_strings)
         self.engine.warm_up(self.params, self.engine.tokenizer("1+1=").input_ids)
-        task = make_task(cfg.task, cfg.run.seed)
+        task = make_task(cfg.task, cfg.run.seed, cfg.data)
         self.prompts = task.train_prompts(seed=cfg.run.seed * 1000 + worker_id, start=start_cursor)
         timeout_s = cfg.task.reward_timeout_s
         self.tools = ToolPool(e.name, e.tool_workers, e.tool_timeout_s) if self.env_cls and self.env_cls.tools else None
@@ -158,6 +180,9 @@ class RolloutWorker:
         self.error: str | None = None
         self.inflight: dict[str, _Group] = {}
         self.updates: queue.Queue[_Update] = queue.Queue()
+        self.eval_jobs: queue.Queue[_Eval] = queue.Queue()  # validations for the loop to submit (evaluate_live)
+        self.evals: dict[str, _Eval] = {}  # request id -> its validation, while it generates
+        self.evals_started = 0
         self.stop_flag = threading.Event()
         self.thread: threading.Thread | None = None
         self.counters = WorkerCounters()
@@ -214,6 +239,7 @@ class RolloutWorker:
         if self.admission is not None:  # groups admitted as the loop stopped: started and recorded as aborted with the rest
             self._start_groups(ray.get(self.admission))
             self.admission = None
+        self._end_evals(f"rollout worker {self.id} stopped during an evaluation")
         self._keep_partial(self._abort(list(self._request_ids())))  # recorded with the aborted samples
         records = [s for g in self.inflight.values() for s in self._abort_records(g)]
         self.inflight.clear()
@@ -230,12 +256,53 @@ class RolloutWorker:
         assert self.thread is None, "evaluate needs the loop stopped"
         if self.env_cls is not None:
             return [float(e["reward"]) for e in self.episodes(prompts, greedy=True)]
-        ids = [self._eval_ids(p, p.text) for p in prompts]
+        ids = [self._eval_ids(p, p.content) for p in prompts]
         outs = self.engine.greedy(ids, self.cfg.rollout.max_new_tokens)
         responses = [self._decode(o) for o in outs]
+        return self._score_texts(prompts, responses)
+
+    def _score_texts(self, prompts: list[Prompt], responses: list[str]) -> list[float]:
+        """Each (prompt, response)'s score by the task's reward: in the reward pool when there is one."""
+        if not responses:
+            return []
         if self.pool is not None:
             return ray.get(self.pool.scorers[0].score_texts.remote(prompts, responses))
         return [self.reward(p, r) for p, r in zip(prompts, responses)]
+
+    def evaluate_live(self, prompts: list[Prompt], samples: int = 0) -> EvalScores:
+        """Validation during training, while the loop runs: each prompt's greedy score, length and truncation, and how many
+        of `samples` responses at the rollout temperature score >= SOLVED, all by the version this worker holds.
+
+        Why next to the training requests and not with the loop paused: the engine steps every request it holds, so
+        a paused loop would either leave the training requests unstepped (generation stalls for the whole evaluation)
+        or, through a blocking generate, step them and swallow their outputs. Submitted by the loop as ordinary
+        requests, the evaluation's share the engine's batches with training, and their outputs, recognised by their
+        ids, go back here, never to a group: nothing reaches the buffer, admission and the counters are untouched.
+        The version stays the one evaluated because the controller publishes nothing until every worker answered."""
+        if self.env_cls is not None:
+            raise ValueError("evaluate_live evaluates single-turn tasks (env.name and env.agent unset)")
+        thread = self.thread
+        if thread is None or not thread.is_alive():
+            raise RuntimeError(f"rollout worker {self.id}: evaluate_live needs the loop running ({self.error or 'not started'})")
+        job = _Eval(prompts, samples, self.evals_started)
+        self.evals_started += 1
+        self.eval_jobs.put(job)
+        while not job.done.wait(0.1):
+            if not thread.is_alive():
+                raise RuntimeError(self.error or f"rollout worker {self.id}: the loop stopped during an evaluation")
+        if job.error is not None:
+            raise ValueError(job.error)
+        return self._eval_scores(job)
+
+    def _eval_scores(self, job: _Eval) -> EvalScores:
+        """Score a finished evaluation's responses (on the caller's thread: the loop goes on meanwhile)."""
+        greedy = [job.responses[rid] for rid in job.request_ids() if rid.endswith("-g")]
+        sampled = [job.responses[rid][0] for rid in job.request_ids() if not rid.endswith("-g")]
+        scores = self._score_texts(job.prompts, [text for text, _, _ in greedy])
+        sample_scores = self._score_texts([p for p in job.prompts for _ in range(job.samples)], sampled)
+        solved = [sum(s >= SOLVED for s in sample_scores[i * job.samples:(i + 1) * job.samples]) for i in range(len(job.prompts))]
+        return EvalScores(greedy=scores, greedy_tokens=[n for _, n, _ in greedy], greedy_truncated=[cut for _, _, cut in greedy],
+                          solved=solved, samples=job.samples)
 
     def _eval_ids(self, prompt: Prompt, text: str) -> list[int]:
         try:
@@ -333,6 +400,8 @@ class RolloutWorker:
         while not self.stop_flag.is_set() and self.error is None:
             while not self.updates.empty():
                 self._apply(self.updates.get())
+            while not self.eval_jobs.empty():
+                self._start_eval(self.eval_jobs.get())
             next_admit = self._admit(next_admit)
             self._advance_episodes()
             if self.pool is not None and time.monotonic() >= next_check:
@@ -403,9 +472,49 @@ class RolloutWorker:
     def _step(self) -> None:
         self.trace.append((time.time(), self.engine.num_unfinished()))
         t0 = time.monotonic()
-        finished = self.engine.step()
+        finished = self._eval_outputs(self.engine.step())
         self.counters.busy_s += time.monotonic() - t0
         self._collect(finished)
+
+    def _start_eval(self, job: _Eval) -> None:
+        """Submit a validation's requests next to the training ones (their priority: the newest version's, so with
+        rollout.oldest_first they queue behind nothing older than the groups just admitted)."""
+        try:
+            ids = [self._eval_ids(p, p.content) for p in job.prompts]
+        except ValueError as exc:
+            job.error = str(exc)
+            job.done.set()
+            return
+        r = self.cfg.rollout
+        greedy = self.engine.sampling_params(0.0, 1.0, r.max_new_tokens)
+        for rid in job.request_ids():
+            problem = int(rid.removeprefix(EVAL_PREFIX).split("-")[1])
+            self.evals[rid] = job
+            self.engine.add(rid, ids[problem], greedy if rid.endswith("-g") else self.params, priority=self.version)
+        if not job.prompts:
+            job.done.set()
+
+    def _eval_outputs(self, finished: list[Finished]) -> list[Finished]:
+        """Hand the validation requests' outputs to their evaluation (decoded here, on the loop's thread); returns the rest."""
+        rest = []
+        for out in finished:
+            job = self.evals.pop(out.request_id, None)
+            if job is None:
+                rest.append(out)
+                continue
+            job.responses[out.request_id] = (self._decode(out.token_ids), len(out.token_ids), out.finish_reason == "length")
+            if len(job.responses) == len(job.prompts) * (1 + job.samples):
+                job.done.set()
+        return rest
+
+    def _end_evals(self, why: str) -> None:
+        """Abort the validations still generating (the loop stopped); their callers get `why`."""
+        jobs = {id(job): job for job in self.evals.values()}
+        self.engine.abort(list(self.evals))
+        self.evals.clear()
+        for job in jobs.values():
+            job.error = why
+            job.done.set()
 
     def _apply_queued(self) -> None:
         while True:
@@ -520,7 +629,7 @@ class RolloutWorker:
             group = _Group(GroupId(self.run_id, self.id, self.next_group), prompt, [], time.time())
             self.next_group += 1
             try:
-                group.prompt_ids = self._encode(self.env_cls(prompt, 0).start() if self.env_cls else prompt.text)
+                group.prompt_ids = self._encode(self.env_cls(prompt, 0).start() if self.env_cls else prompt.content)
             except BadPrompt as exc:
                 self.counters.bad_prompts += 1
                 self._put(self._bad_prompt_records(group, str(exc)))

@@ -1,7 +1,8 @@
 """Plots of a run directory: `python -m asyncrl.plot RUN_DIR [--out DIR]`.
 
 Writes reward.png, kl.png, is_ratio.png, staleness.png, timeline.png, running.png
-(requests in each engine per engine step) and lengths.png (response lengths) into
+(requests in each engine per engine step), lengths.png (response lengths) and, for a
+run with validation during training (run.eval_every), eval.png into
 RUN_DIR/plots/ (or --out) and prints each path. A figure whose data the run
 lacks (a metric never logged, no trajectories yet) is skipped, not an error, so
 a run killed mid-way plots what it has.
@@ -28,6 +29,7 @@ from asyncrl.analysis.runs import Run, load_run
 
 KL_KEYS = ("kl/ref", "kl/ref_k1", "kl/ref_k2", "kl/ref_k3", "kl/behavior")
 IS_RATIO_KEYS = ("is_ratio/mean", "is_ratio/max", "is_ratio/min")
+EVAL_KEYS = ("eval/accuracy", "eval/pass_at_1", "eval/pass_at_k")
 GENERATED_STATUSES = ("consumed", "dropped_stale", "dropped_error")
 """Samples whose generation finished (the timeline's dots)."""
 
@@ -97,6 +99,15 @@ def kl_figure(run: Run) -> Figure | None:
 
 def is_ratio_figure(run: Run) -> Figure | None:
     return lines_figure(run, IS_RATIO_KEYS, "Importance ratio π_prox / π_behav", "ratio (log)", log=True)
+
+
+def eval_figure(run: Run) -> Figure | None:
+    """Held-out accuracy of the version each validating step published (run.eval_every; none: no figure)."""
+    k = (run.config or {}).get("run", {}).get("eval_pass_k", "k")
+    fig = lines_figure(run, EVAL_KEYS, f"Validation during training (pass@k: k={k})", "held-out accuracy")
+    if fig is not None:
+        fig.axes[0].set_ylim(-0.02, 1.02)
+    return fig
 
 
 def consumed_staleness(run: Run) -> list[int]:
@@ -211,6 +222,7 @@ FIGURES: dict[str, Callable[[Run], Figure | None]] = {
     "timeline.png": timeline_figure,
     "running.png": running_figure,
     "lengths.png": length_figure,
+    "eval.png": eval_figure,
 }
 
 

@@ -60,8 +60,8 @@ def child(args) -> None:
                          r.kv_cache_gib, r.gpu_memory_utilization)
     start_s = time.perf_counter() - t0
     params = engine.sampling_params(r.temperature, r.top_p, r.max_new_tokens)
-    stream = make_task(cfg.task, cfg.run.seed).train_prompts(seed=0)
-    prompts = [encode_prompt(engine.tokenizer, next(stream).text, cfg.task.chat) for _ in range(args.prompts)]
+    stream = make_task(cfg.task, cfg.run.seed, cfg.data).train_prompts(seed=0)
+    prompts = [encode_prompt(engine.tokenizer, next(stream).content, cfg.task.chat) for _ in range(args.prompts)]
     engine.warm_up(params, prompts[0], n=r.group_size)
     rounds = []
     for k in range(args.repeats):
@@ -96,8 +96,8 @@ def probe_ids(cfg, model_path: str) -> list[int]:
     from asyncrl.core.tasks import encode_prompt, make_task
 
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    prompt = next(make_task(cfg.task, cfg.run.seed).train_prompts(seed=1))
-    ids = encode_prompt(tokenizer, prompt.text, cfg.task.chat) + tokenizer("42").input_ids
+    prompt = next(make_task(cfg.task, cfg.run.seed, cfg.data).train_prompts(seed=1))
+    ids = encode_prompt(tokenizer, prompt.content, cfg.task.chat) + tokenizer("42").input_ids
     return ids[: cfg.model.max_model_len]
 
 

@@ -88,8 +88,8 @@ def engine_alone(config: Path, n_groups: int, limits: list[int | None]) -> list[
     path = str(model_dir(cfg))
     engine = VLLMEngine(path, cfg.model.dtype, cfg.model.max_model_len, cfg.run.seed, r.kv_cache_gib, r.gpu_memory_utilization)
     params = engine.sampling_params(r.temperature, r.top_p, r.max_new_tokens)
-    prompts = make_task(cfg.task, cfg.run.seed).train_prompts(seed=cfg.run.seed * 1000)
-    ids = [encode_prompt(engine.tokenizer, next(prompts).text, cfg.task.chat) for _ in range(n_groups)]
+    prompts = make_task(cfg.task, cfg.run.seed, cfg.data).train_prompts(seed=cfg.run.seed * 1000)
+    ids = [encode_prompt(engine.tokenizer, next(prompts).content, cfg.task.chat) for _ in range(n_groups)]
     engine.warm_up(params, ids[0])  # off the clock, as the worker's own warm-up at start (torch.compile of the sampler)
     rates = []
     for n, limit in enumerate(limits):

@@ -41,8 +41,8 @@ def probe(config: str, problems: int, k: int, threads: int) -> dict:
     r = cfg.rollout
     engine = VLLMEngine(path, cfg.model.dtype, cfg.model.max_model_len, cfg.run.seed, r.kv_cache_gib, r.gpu_memory_utilization)
     reward = make_reward(cfg.task.reward)
-    prompts = make_task(cfg.task, cfg.run.seed).eval_prompts()[:problems]
-    ids = [encode_prompt(engine.tokenizer, p.text, cfg.task.chat) for p in prompts]
+    prompts = make_task(cfg.task, cfg.run.seed, cfg.data).eval_prompts()[:problems]
+    ids = [encode_prompt(engine.tokenizer, p.content, cfg.task.chat) for p in prompts]
     decode = lambda tokens: engine.tokenizer.decode(tokens, skip_special_tokens=True)  # noqa: E731
     greedy = engine.greedy(ids, r.max_new_tokens)
     t0 = time.perf_counter()

@@ -199,7 +199,7 @@ def main(argv: list[str] | None = None) -> None:
 
     # asyncrl's worker 0 draws task.train_prompts(seed * 1000 + 0); the eval problems are never among them
     seed, per_step = cfg.run.seed, cfg.learner.batch_size
-    prompts = list(islice(make_task(cfg.task, seed).train_prompts(seed=seed * 1000), args.steps * per_step // cfg.rollout.group_size))
+    prompts = list(islice(make_task(cfg.task, seed, cfg.data).train_prompts(seed=seed * 1000), args.steps * per_step // cfg.rollout.group_size))
     shown = [[{"role": "user", "content": p.text}] if cfg.task.chat else p.text for p in prompts]
     dataset = Dataset.from_dict({"prompt": shown, "answer": [p.answer for p in prompts]})
 

@@ -308,10 +308,10 @@ def evaluate(config: Path, model: str, sides: list[list[dict]]) -> float:
 
     t0 = time.perf_counter()
     cfg = load_config(config)
-    prompts = make_task(cfg.task, cfg.run.seed).eval_prompts()
+    prompts = make_task(cfg.task, cfg.run.seed, cfg.data).eval_prompts()
     r = cfg.rollout
     engine = VLLMEngine(model, cfg.model.dtype, cfg.model.max_model_len, cfg.run.seed, r.kv_cache_gib, r.gpu_memory_utilization)
-    ids = [encode_prompt(engine.tokenizer, p.text, cfg.task.chat) for p in prompts]
+    ids = [encode_prompt(engine.tokenizer, p.content, cfg.task.chat) for p in prompts]
     reward = make_reward(cfg.task.reward)
     initial = {}
     for f in sorted(Path(model).glob("*.safetensors")):

@@ -68,7 +68,7 @@ def main() -> None:
     path = str(model_dir(cfg))
     r = cfg.rollout
     engine = VLLMEngine(path, cfg.model.dtype, cfg.model.max_model_len, cfg.run.seed, r.kv_cache_gib, r.gpu_memory_utilization)
-    prompt = encode_prompt(engine.tokenizer, next(make_task(cfg.task, cfg.run.seed).train_prompts(seed=0)).text, cfg.task.chat)
+    prompt = encode_prompt(engine.tokenizer, next(make_task(cfg.task, cfg.run.seed, cfg.data).train_prompts(seed=0)).content, cfg.task.chat)
     probe = prompt + engine.greedy([prompt], 16)[0]
     initial = engine.sequence_logprobs(probe, 1.0)
 

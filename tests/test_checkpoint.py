@@ -127,7 +127,7 @@ def test_sigkill_mid_run_then_resume(tiny_model_dir, tmp_path, scoring):
     resumed = [r for r in records if r["run_id"] != records[0]["run_id"]]
     drawn = len({r["group_id"] for r in resumed})
     cfg = load_config(ROOT / "configs" / "smoke.yaml")
-    stream = make_task(cfg.task, cfg.run.seed).train_prompts(seed=cfg.run.seed * 1000, start=state["worker_cursors"]["0"])
+    stream = make_task(cfg.task, cfg.run.seed, cfg.data).train_prompts(seed=cfg.run.seed * 1000, start=state["worker_cursors"]["0"])
     assert {r["prompt_id"] for r in resumed} == {p.prompt_id for p in itertools.islice(stream, drawn)}
     # dynamic sampling: every group trained on or filtered exactly once across the kill and the resume
     first_id = records[0]["run_id"]

@@ -61,7 +61,7 @@ def test_parse_override_types():
         ("rollout.resources={node: x}", "rollout.resources.node"),
         ("algorithm.kl_penalty=both", "algorithm.kl_penalty"),
         ("algorithm.lam=1.5", "algorithm.lam"),
-        ("task.name=jsonl", "task.path"),
+        ("task.name=jsonl", "data.train"),
     ],
 )
 def test_errors_name_the_key(override, key):

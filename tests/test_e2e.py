@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from asyncrl.core.store import read_trajectories
 
@@ -34,7 +35,8 @@ def run_smoke(out: Path, model_dir: str, *overrides: str) -> subprocess.Complete
 @pytest.fixture(scope="module", params=["vllm", "sglang"])
 def async_run(tiny_model_dir, tmp_path_factory, request):
     out = tmp_path_factory.mktemp(f"smoke_async_{request.param}")
-    proc = run_smoke(out, tiny_model_dir, "run.steps=8", "logging.wandb=true", f"rollout.engine={request.param}")
+    proc = run_smoke(out, tiny_model_dir, "run.steps=8", "logging.wandb=true", f"rollout.engine={request.param}",
+                     "run.eval_every=1", "run.eval_pass_k=2")  # validation at every step; the final checkpoint (step 8) has hf/
     return out, proc
 
 
@@ -121,6 +123,44 @@ def test_generation_overlaps_training(async_run):
     generated = [r["t_generated"] for r in read_trajectories(run_dir / "trajectories").to_pylist() if r["t_generated"]]
     during = [t for t in generated if any(a < t < b for a, b in windows)]
     assert during, "no sample finished while the learner was training"
+
+
+def test_validation_during_training_leaves_the_training_data_alone(async_run):
+    """run.eval_every=1: every step logs the eval/ metrics of the version it published; the evaluation's requests
+    never reach the buffer or the trajectory store, and the counts are those of a run without it."""
+    run_dir, _ = async_run
+    rows = metrics_of(run_dir)
+    for row in rows:
+        assert {"eval/accuracy", "eval/response_len_mean", "eval/truncated_frac", "eval/pass_at_1", "eval/pass_at_k"} <= set(row)
+        assert row["eval/policy_version"] == row["policy_version"] == row["step"] + 1  # learner.sync_every=1
+        assert row["eval/problems"] == 50 and 0 <= row["eval/pass_at_1"] <= row["eval/pass_at_k"] <= 1
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["eval/accuracy_after"] == rows[-1]["eval/accuracy"]  # the last step's validation is the final evaluation
+    samples = summary["samples"]
+    records = read_trajectories(run_dir / "trajectories").to_pylist()
+    assert samples["consumed"] == 8 * 16 == sum(r["status"] == "consumed" for r in records)
+    assert len(records) == samples["rows_written"] == 4 * samples["admitted_groups"]
+    assert not [r for r in records if r["sample_id"].startswith("asyncrl-eval")]
+
+
+def test_checkpoint_and_export_are_the_final_model(async_run, tmp_path):
+    """The last checkpoint's hf/ and `python -m asyncrl.export` of it load with transformers and give the final
+    model's logits."""
+    from transformers import AutoModelForCausalLM
+
+    run_dir, _ = async_run
+    exported = subprocess.run([sys.executable, "-m", "asyncrl.export", str(run_dir), "--out", str(tmp_path / "export")],
+                              cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert exported.returncode == 0, exported.stderr[-3000:]
+    from transformers import AutoTokenizer
+
+    ids = torch.tensor([AutoTokenizer.from_pretrained(run_dir / "final_model")("12+34=46").input_ids])
+    final = AutoModelForCausalLM.from_pretrained(run_dir / "final_model").eval()
+    for directory in (run_dir / "checkpoints" / "step-000008" / "hf", tmp_path / "export"):
+        assert {"config.json", "model.safetensors", "tokenizer.json", "generation_config.json"} <= {p.name for p in directory.iterdir()}
+        model = AutoModelForCausalLM.from_pretrained(directory).eval()
+        with torch.no_grad():
+            assert torch.equal(model(ids).logits, final(ids).logits)
 
 
 def test_synchronous_mode_publishing_every_two_steps(tiny_model_dir, tmp_path):

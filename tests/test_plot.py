@@ -27,6 +27,7 @@ def metric_row(step: int) -> dict:
         "kl/behavior": 0.001, "is_ratio/mean": 1.0, "is_ratio/max": 1.5 + step, "is_ratio/min": 0.5,
         "staleness/mean": 0.5, "staleness/max": 1, "time/step_s": 0.6, "time/learner_wait_s": 0.05,
         "time/weight_sync_s": 0.01, "rollout/idle_frac": 0.1, "time/train_start": start, "time/train_end": start + 0.5,
+        **({"eval/accuracy": 0.3 + 0.1 * step, "eval/pass_at_1": 0.25, "eval/pass_at_k": 0.5} if step % 2 else {}),  # run.eval_every=2
     }
 
 

@@ -1,6 +1,5 @@
 """The built-in task and reward, and rewards named by dotted path."""
 import itertools
-import json
 
 import pytest
 
@@ -44,40 +43,8 @@ def test_rewards_by_name_and_dotted_path():
         make_reward("no_such_module.fn")
     with pytest.raises(ValueError, match="not a dotted path"):
         make_reward("unknown")
-    with pytest.raises(ValueError, match="built-in: addition, jsonl, word_problems"):
+    with pytest.raises(ValueError, match="built-in: addition, dataset, word_problems"):
         make_task(TaskConfig(name="sudoku"), 0)
-
-
-def write_jsonl(path, records):
-    path.write_text("\n".join(json.dumps(r) for r in records) + "\n")
-    return str(path)
-
-
-def test_jsonl_task_holds_out_the_tail_and_streams_epochs(tmp_path):
-    records = [{"question": f"q{i}", "answer": f"work #### {i}"} for i in range(10)]
-    cfg = TaskConfig(name="jsonl", path=write_jsonl(tmp_path / "d.jsonl", records), prompt_key="question", eval_size=3,
-                     template="Q: {question}\nA:")
-    task = make_task(cfg, seed=0)
-    assert [p.text for p in task.eval_prompts()] == ["Q: q7\nA:", "Q: q8\nA:", "Q: q9\nA:"]
-    stream = [p.text for p in itertools.islice(task.train_prompts(seed=1), 14)]
-    assert sorted(stream[:7]) == sorted(f"Q: q{i}\nA:" for i in range(7))  # one epoch: each training record once
-    assert stream[7:14] != stream[:7] and sorted(stream[7:14]) == sorted(stream[:7])  # reshuffled
-    assert stream[3:8] == [p.text for p in itertools.islice(task.train_prompts(seed=1, start=3), 5)]
-
-
-@pytest.mark.parametrize("content, message", [
-    (None, "cannot read"),
-    ('{"prompt": "a", "answer": "1"}\n{not json\n', "line 2: not JSON"),
-    ('{"prompt": "a"}\n', "no key 'answer'"),
-    ('{"prompt": " ", "answer": "1"}\n', "empty prompt"),
-    ('[1, 2]\n', "expected a JSON object"),
-])
-def test_jsonl_task_bad_files_name_the_problem(tmp_path, content, message):
-    path = tmp_path / "bad.jsonl"
-    if content is not None:
-        path.write_text(content)
-    with pytest.raises(ValueError, match=message):
-        make_task(TaskConfig(name="jsonl", path=str(path), eval_size=1), seed=0)
 
 
 def test_numeric_match_gsm8k_style():

@@ -1,7 +1,7 @@
 """The GPU ends of `learner.weight_transport`, the same classes the learner and the engine workers build, on real
 CUDA tensors in two processes: `cuda_ipc` (CudaIpcSender -> handles by pickle -> CudaIpcReceiver) and `broadcast`
 over NCCL (two ranks need two GPUs: NCCL refuses two ranks on one device). Skipped without CUDA; run on a GPU
-machine with `python -m pytest tests/test_weight_transport_gpu.py` (README "What this machine type could not run")."""
+machine with `python -m pytest tests/test_weight_transport_gpu.py` (docs/gpu-status.md)."""
 import pytest
 import torch
 import torch.multiprocessing as mp

@@ -3,7 +3,8 @@
 A checkpoint holds what continuing the run needs: the learner's state
 (`learner.pt`: policy and critic weights, optimizers, counters, RNG) and the
 controller's (`state.json`: next step, policy version, sample totals, each
-rollout worker's data cursor, buffer accounting). It is written into a
+rollout worker's data cursor, buffer accounting), and with `run.checkpoint_hf` the policy as a
+Hugging Face model directory (`hf/`; `python -m asyncrl.export` makes one from a checkpoint without it). It is written into a
 temporary directory and renamed into place, then `latest` is replaced (also by
 rename): a crash at any point leaves the previous checkpoint whole and named.
 """
@@ -17,6 +18,8 @@ from pathlib import Path
 
 STATE = "state.json"
 LATEST = "latest"
+CHECKPOINT_HF_DIR = "hf"
+"""The policy as a Hugging Face model directory inside a checkpoint (run.checkpoint_hf)."""
 
 
 def checkpoints_dir(run_dir: Path) -> Path:
@@ -53,6 +56,12 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
             return path
     complete = sorted(p for p in root.glob("step-*") if (p / STATE).is_file())
     return complete[-1] if complete else None
+
+
+def complete_checkpoints(run_dir: Path) -> dict[int, Path]:
+    """Every complete checkpoint of the run (its state.json written), by the step it continues at, in order."""
+    found = {int(p.name.removeprefix("step-")): p for p in checkpoints_dir(run_dir).glob("step-*") if (p / STATE).is_file()}
+    return dict(sorted(found.items()))
 
 
 def read_state(checkpoint: Path) -> dict:

