@@ -58,7 +58,7 @@ class TaskConfig(_Section):
     eval_size: int = Field(200, ge=1)
     """Held-out problems for greedy evaluation before and after training."""
     chat: bool = False
-    """Wrap each prompt in the tokenizer's chat template as one user turn (instruct models)."""
+    """Render prompts with the tokenizer's chat template (instruct models): a text prompt as one user turn (after data.system_prompt when given), a chat-messages prompt (task.name=dataset) as its turns; the assistant's turn is opened."""
     reward_timeout_s: float = Field(30.0, gt=0)
     """Longest one reward call may take; past it the sample (and so its group) is dropped_error. Python cannot kill the call: it keeps one of the worker's 4 reward threads until it returns, and with all 4 held the worker reports an error."""
     max_consecutive_reward_failures: int = Field(20, ge=1)

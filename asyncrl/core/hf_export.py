@@ -37,7 +37,9 @@ def write_hf_model(path: str | Path, model_path: str, plain: dict[str, torch.Ten
     """`plain` (an ordinary state dict of `model_path`'s architecture) as a model directory at `path`, in `dtype`, with
     the tokenizer of `tokenizer_from`."""
     from transformers import AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()  # "Writing model shards" bars, one per checkpoint, in every learner's log
     plain_model(model_path, plain, dtype).save_pretrained(path)
     AutoTokenizer.from_pretrained(tokenizer_from).save_pretrained(path)
     return Path(path)

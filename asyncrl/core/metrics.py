@@ -16,6 +16,7 @@ CONSOLE_KEYS = (
     ("rollout/tokens_per_s", "tok/s", "{:>6.0f}"),
     ("time/step_s", "step_s", "{:.2f}"),
     ("time/learner_wait_s", "wait_s", "{:.2f}"),
+    ("eval/accuracy", "eval_acc", "{:.3f}"),  # only on the steps run.eval_every validates
 )
 
 
