@@ -77,10 +77,12 @@ def metric_steps(run_dir: Path) -> list[int]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("scoring", ["in_loop", pytest.param("reward_pool", marks=pytest.mark.extended), "episodes", "learner_world2"])
+@pytest.mark.parametrize("scoring", ["in_loop", pytest.param("reward_pool", marks=pytest.mark.extended),
+                                     pytest.param("episodes", marks=pytest.mark.extended), "learner_world2"])
 def test_sigkill_mid_run_then_resume(tiny_model_dir, tmp_path, scoring):
     """`episodes`: multi-turn episodes with a tool (env.name), in flight when the driver is killed (10 steps: each
-    is slower). `reward_pool` is `extended` (make test-all): test_reward_pool covers the pool's exactly-once.
+    is slower). `reward_pool` and `episodes` are `extended` (make test-all): test_reward_pool covers the pool's
+    exactly-once, test_episodes and test_envs the episodes' records, and `in_loop` the resume itself.
     `learner_world2`: two FSDP2 learner workers, each writing its shards of the checkpoint."""
     out = tmp_path / "run"
     steps = 10 if scoring == "episodes" else 16

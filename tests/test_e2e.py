@@ -36,7 +36,7 @@ def run_smoke(out: Path, model_dir: str, *overrides: str) -> subprocess.Complete
 def async_run(tiny_model_dir, tmp_path_factory, request):
     out = tmp_path_factory.mktemp(f"smoke_async_{request.param}")
     proc = run_smoke(out, tiny_model_dir, "run.steps=8", "logging.wandb=true", f"rollout.engine={request.param}",
-                     "run.eval_every=1", "run.eval_pass_k=2")  # validation at every step; the final checkpoint (step 8) has hf/
+                     "run.eval_every=2", "run.eval_pass_k=2")  # validation every other step; the final checkpoint (step 8) has hf/
     return out, proc
 
 
@@ -126,13 +126,18 @@ def test_generation_overlaps_training(async_run):
 
 
 def test_validation_during_training_leaves_the_training_data_alone(async_run):
-    """run.eval_every=1: every step logs the eval/ metrics of the version it published; the evaluation's requests
-    never reach the buffer or the trajectory store, and the counts are those of a run without it."""
+    """run.eval_every=2: the version published by every other step is validated next to the following step's
+    training and logged in that step's row (the last step's at once, in its own); the evaluation's requests never
+    reach the buffer or the trajectory store, and the counts are those of a run without it."""
     run_dir, _ = async_run
     rows = metrics_of(run_dir)
-    for row in rows:
+    validated = [row for row in rows if "eval/accuracy" in row]
+    assert [row["step"] for row in validated] == [2, 4, 6, 7]
+    # versions 2, 4, 6 were published by steps 1, 3, 5 (learner.sync_every=1); the last step's is its own
+    assert [row["eval/policy_version"] for row in validated] == [2, 4, 6, 8] and rows[-1]["policy_version"] == 8
+    assert all(row["time/eval_wait_s"] == 0.0 for row in rows if row["step"] in (0, 1, 3, 5))
+    for row in validated:
         assert {"eval/accuracy", "eval/response_len_mean", "eval/truncated_frac", "eval/pass_at_1", "eval/pass_at_k"} <= set(row)
-        assert row["eval/policy_version"] == row["policy_version"] == row["step"] + 1  # learner.sync_every=1
         assert row["eval/problems"] == 50 and 0 <= row["eval/pass_at_1"] <= row["eval/pass_at_k"] <= 1
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["eval/accuracy_after"] == rows[-1]["eval/accuracy"]  # the last step's validation is the final evaluation

@@ -125,7 +125,8 @@ def test_the_installed_command_trains_on_your_data_and_reward_from_outside_the_r
     out = tmp_path / "out"
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [0, 1]
-    assert all(0.0 <= m["eval/accuracy"] <= 0.5 and "eval/pass_at_k" in m for m in metrics)  # validated every step
+    # validated every step: version 1 next to step 1's training, version 2 (the last) at once; the last row holds it
+    assert metrics[-1]["eval/policy_version"] == 2 and 0.0 <= metrics[-1]["eval/accuracy"] <= 0.5 and "eval/pass_at_k" in metrics[-1]
     rows = read_trajectories(out / "trajectories").to_pylist()
     trained = [r for r in rows if r["status"] == "consumed"]
     assert len(trained) == 2 * 16

@@ -86,6 +86,8 @@ class Controller:
         self.trained_total, self.learner_compute_total = 0, 0.0
         self.last_histograms: dict[str, list[float]] = {}
         self.last_validation: tuple[int, list[float]] | None = None  # (version, each held-out problem's greedy score)
+        self.pending_validation: tuple[int, list, float] | None = None  # (version, the workers' refs, start): run.eval_every
+        self.validated: dict = {}  # the eval/ metrics finished at this step's publish, for its row
         self.placement = {
             "learner_nodes": ray.get([a.node_id.remote() for a in self.learners]),
             "rollout_nodes": ray.get([w.node_id.remote() for w in self.workers]),
@@ -119,7 +121,9 @@ class Controller:
             history.append(self.step(step))
             steps_done = step + 1
             if cfg.run.eval_every and (steps_done % cfg.run.eval_every == 0 or self.final):
-                history[-1].update(self.validate())
+                self.start_validation()
+                if self.final:  # nothing follows to overlap it with: its scores are the final evaluation
+                    history[-1].update(self.finish_validation())
             sink.log(history[-1], histograms=self.last_histograms)
             if every and (steps_done % every == 0 or self.final):
                 self.checkpoint(steps_done)
@@ -162,6 +166,8 @@ class Controller:
         metrics.update(self.rollout_metrics())
         metrics.update(self.reward_metrics())
         metrics.update(self.record_engine_trace(step))
+        metrics.update(self.validated)  # a validation started after an earlier step, finished before this step's publish
+        self.validated = {}
         metrics.update({"step": step, "policy_version": self.version, **timing_metrics(step_s, waited, compute_s, sync),
                         **sample_totals(self.trained_total, metrics["samples/generated_total"], metrics["rollout/busy_s_total"],
                                         self.learner_compute_total)})
@@ -209,12 +215,15 @@ class Controller:
         doing so is replaced), so at most one version is in flight. The learner's side of the broadcast
         and the engines' loads overlap the next step's training and generation; what is left on the
         controller's path is `seconds`."""
+        t_eval = time.perf_counter()
+        self.validated = self.finish_validation()  # the engines hold the version being validated until it is done
+        eval_wait = time.perf_counter() - t_eval if self.validated else 0.0
         t0 = time.perf_counter()
         settled = self.settle_weights()
         waited = time.perf_counter() - t0
         self.version += 1
         sent = self._publish()
-        return {"seconds": time.perf_counter() - t0, "settle_s": waited, **settled, **sent}
+        return {"seconds": time.perf_counter() - t0, "settle_s": waited, "eval_wait_s": eval_wait, **settled, **sent}
 
     def _publish(self) -> dict:
         sent = self.sync.publish(self.workers, self.version)
@@ -300,19 +309,29 @@ class Controller:
         task = make_task(self.cfg.task, self.cfg.run.seed, self.cfg.data)
         return ray.get(self.workers[0].evaluate.remote(task.eval_prompts()))
 
-    def validate(self) -> dict:
-        """Validation during training: the eval/ metrics of the version just published, on the held-out problems
-        shared among the rollout workers, which generate them next to their training requests (RolloutWorker.
-        evaluate_live). The version is settled on every engine first, and nothing is published until every share is
-        back, so one version is evaluated; no evaluation sample enters the buffer."""
+    def start_validation(self) -> None:
+        """Validation during training, started: the held-out problems of the version just published, shared among
+        the rollout workers, which generate them next to their training requests (RolloutWorker.evaluate_live). The
+        version is settled on every engine first; the learner trains on meanwhile, and the next publish waits for
+        the scores (`finish_validation`), so one version is evaluated. No evaluation sample enters the buffer."""
         t0 = time.perf_counter()
         self.settle_weights()
         prompts = make_task(self.cfg.task, self.cfg.run.seed, self.cfg.data).eval_prompts()
         shares = split_evenly(prompts, len(self.workers))
         k = self.cfg.run.eval_pass_k
-        scores = merge(ray.get([w.evaluate_live.remote(share, k) for w, share in zip(self.workers, shares) if share]))
-        self.last_validation = (self.version, scores.greedy)
-        return {**eval_metrics(scores), "eval/policy_version": self.version, "eval/seconds": time.perf_counter() - t0}
+        refs = [w.evaluate_live.remote(share, k) for w, share in zip(self.workers, shares) if share]
+        self.pending_validation = (self.version, refs, t0)
+
+    def finish_validation(self) -> dict:
+        """The eval/ metrics of the validation in flight ({} when none); eval/policy_version names the version
+        scored, eval/seconds the time from its start to its last score."""
+        if self.pending_validation is None:
+            return {}
+        version, refs, t0 = self.pending_validation
+        self.pending_validation = None
+        scores = merge(ray.get(refs))
+        self.last_validation = (version, scores.greedy)
+        return {**eval_metrics(scores), "eval/policy_version": version, "eval/seconds": time.perf_counter() - t0}
 
     # ---- state ----------------------------------------------------------------------------
 
