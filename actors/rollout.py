@@ -131,8 +131,9 @@ class _Eval:
     done: threading.Event = field(default_factory=threading.Event)
     error: str | None = None
 
-    def request_ids(self) -> list[str]:
-        return [f"{EVAL_PREFIX}{self.number}-{i}-{kind}" for i in range(len(self.prompts))
+    def requests(self) -> list[tuple[str, int, bool]]:
+        """(request id, problem index, greedy) of each request, problem by problem, the greedy one first."""
+        return [(f"{EVAL_PREFIX}{self.number}-{i}-{kind}", i, kind == "g") for i in range(len(self.prompts))
                 for kind in ["g", *(f"s{j}" for j in range(self.samples))]]
 
 
@@ -296,8 +297,8 @@ class RolloutWorker:
 
     def _eval_scores(self, job: _Eval) -> EvalScores:
         """Score a finished evaluation's responses (on the caller's thread: the loop goes on meanwhile)."""
-        greedy = [job.responses[rid] for rid in job.request_ids() if rid.endswith("-g")]
-        sampled = [job.responses[rid][0] for rid in job.request_ids() if not rid.endswith("-g")]
+        greedy = [job.responses[rid] for rid, _, is_greedy in job.requests() if is_greedy]
+        sampled = [job.responses[rid][0] for rid, _, is_greedy in job.requests() if not is_greedy]
         scores = self._score_texts(job.prompts, [text for text, _, _ in greedy])
         sample_scores = self._score_texts([p for p in job.prompts for _ in range(job.samples)], sampled)
         solved = [sum(s >= SOLVED for s in sample_scores[i * job.samples:(i + 1) * job.samples]) for i in range(len(job.prompts))]
@@ -487,10 +488,9 @@ class RolloutWorker:
             return
         r = self.cfg.rollout
         greedy = self.engine.sampling_params(0.0, 1.0, r.max_new_tokens)
-        for rid in job.request_ids():
-            problem = int(rid.removeprefix(EVAL_PREFIX).split("-")[1])
+        for rid, problem, is_greedy in job.requests():
             self.evals[rid] = job
-            self.engine.add(rid, ids[problem], greedy if rid.endswith("-g") else self.params, priority=self.version)
+            self.engine.add(rid, ids[problem], greedy if is_greedy else self.params, priority=self.version)
         if not job.prompts:
             job.done.set()
 

@@ -54,7 +54,7 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
         path = root / named.read_text().strip()
         if (path / STATE).is_file():
             return path
-    complete = sorted(p for p in root.glob("step-*") if (p / STATE).is_file())
+    complete = list(complete_checkpoints(run_dir).values())
     return complete[-1] if complete else None
 
 

@@ -341,7 +341,7 @@ class RunConfig(_Section):
     eval: bool = True
     """Greedy held-out accuracy before and after training."""
     eval_every: int = Field(0, ge=0)
-    """Validation during training: every this many learner steps (a multiple of learner.sync_every) and at the last, right after the weight publish, the rollout engines evaluate the version just published on the held-out problems, spread over every rollout worker, next to their training requests, and the step logs eval/ metrics (greedy accuracy, response length; docs/evaluation.md). The learner waits meanwhile (eval/seconds); generation goes on. 0: only before and after training (run.eval)."""
+    """Validation during training: every this many learner steps (a multiple of learner.sync_every) and at the last, right after the weight publish, the rollout engines evaluate the version just published on the held-out problems, spread over every rollout worker, next to their training requests, and the scores are logged as eval/ metrics (greedy accuracy, response length; docs/evaluation.md) in the row of the step whose publish collected them: the learner trains on meanwhile, and the next publish waits for the scores (time/eval_wait_s), so the engines keep the evaluated version (the last step's validation is waited for at once). 0: only before and after training (run.eval)."""
     eval_pass_k: int = Field(0, ge=0)
     """With run.eval_every: also sample this many responses per held-out problem at rollout.temperature and log eval/pass_at_1 and eval/pass_at_k (the unbiased estimator); multiplies the evaluation's generation by 1 + k. 0: greedy only."""
     checkpoint_hf: bool = True

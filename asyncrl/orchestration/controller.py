@@ -12,6 +12,7 @@ are measured (`time/learner_wait_s`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import time
 import uuid
@@ -87,7 +88,6 @@ class Controller:
         self.last_histograms: dict[str, list[float]] = {}
         self.last_validation: tuple[int, list[float]] | None = None  # (version, each held-out problem's greedy score)
         self.pending_validation: tuple[int, list, float] | None = None  # (version, the workers' refs, start): run.eval_every
-        self.validated: dict = {}  # the eval/ metrics finished at this step's publish, for its row
         self.placement = {
             "learner_nodes": ray.get([a.node_id.remote() for a in self.learners]),
             "rollout_nodes": ray.get([w.node_id.remote() for w in self.workers]),
@@ -166,8 +166,7 @@ class Controller:
         metrics.update(self.rollout_metrics())
         metrics.update(self.reward_metrics())
         metrics.update(self.record_engine_trace(step))
-        metrics.update(self.validated)  # a validation started after an earlier step, finished before this step's publish
-        self.validated = {}
+        metrics.update(sync.get("eval", {}))  # a validation started after an earlier step, finished before this step's publish
         metrics.update({"step": step, "policy_version": self.version, **timing_metrics(step_s, waited, compute_s, sync),
                         **sample_totals(self.trained_total, metrics["samples/generated_total"], metrics["rollout/busy_s_total"],
                                         self.learner_compute_total)})
@@ -216,14 +215,14 @@ class Controller:
         and the engines' loads overlap the next step's training and generation; what is left on the
         controller's path is `seconds`."""
         t_eval = time.perf_counter()
-        self.validated = self.finish_validation()  # the engines hold the version being validated until it is done
-        eval_wait = time.perf_counter() - t_eval if self.validated else 0.0
+        validated = self.finish_validation()  # the engines hold the version being validated until it is done
+        eval_wait = time.perf_counter() - t_eval if validated else 0.0
         t0 = time.perf_counter()
         settled = self.settle_weights()
         waited = time.perf_counter() - t0
         self.version += 1
         sent = self._publish()
-        return {"seconds": time.perf_counter() - t0, "settle_s": waited, "eval_wait_s": eval_wait, **settled, **sent}
+        return {"seconds": time.perf_counter() - t0, "settle_s": waited, "eval_wait_s": eval_wait, "eval": validated, **settled, **sent}
 
     def _publish(self) -> dict:
         sent = self.sync.publish(self.workers, self.version)
@@ -306,8 +305,12 @@ class Controller:
             return None
         if self.last_validation is not None and self.last_validation[0] == self.version:  # the last step's validation
             return self.last_validation[1]
-        task = make_task(self.cfg.task, self.cfg.run.seed, self.cfg.data)
-        return ray.get(self.workers[0].evaluate.remote(task.eval_prompts()))
+        return ray.get(self.workers[0].evaluate.remote(self.held_out))
+
+    @functools.cached_property
+    def held_out(self) -> list:
+        """The task's held-out problems (read once: for a dataset, from its files)."""
+        return make_task(self.cfg.task, self.cfg.run.seed, self.cfg.data).eval_prompts()
 
     def start_validation(self) -> None:
         """Validation during training, started: the held-out problems of the version just published, shared among
@@ -316,8 +319,7 @@ class Controller:
         the scores (`finish_validation`), so one version is evaluated. No evaluation sample enters the buffer."""
         t0 = time.perf_counter()
         self.settle_weights()
-        prompts = make_task(self.cfg.task, self.cfg.run.seed, self.cfg.data).eval_prompts()
-        shares = split_evenly(prompts, len(self.workers))
+        shares = split_evenly(self.held_out, len(self.workers))
         k = self.cfg.run.eval_pass_k
         refs = [w.evaluate_live.remote(share, k) for w, share in zip(self.workers, shares) if share]
         self.pending_validation = (self.version, refs, t0)
