@@ -44,9 +44,31 @@ class ReplayBuffer:
         self.admitted_by: dict[int, int] = {}
         self.delivered_by: dict[int, set[int]] = {}
         self.changed = asyncio.Condition()
+        self.worker_versions: dict[int, int] = {}  # the version each worker's engine last said it holds
+        self.epochs: dict[int, int] = {}  # per worker id: how many times a worker of that id was declared dead
 
-    async def admit(self, requested: int, worker_id: int = 0) -> int:
-        n = admissible(requested, self.live, self.outstanding, self.version, self.max_staleness, self.groups_per_version, self.capacity)
+    async def admit(self, requested: int, worker_id: int = 0, worker_version: int | None = None, wait_s: float = 0.0) -> int:
+        """How many of `requested` groups worker `worker_id` may start now; where none may, wait up to `wait_s` for
+        that to change (a version published, a group consumed or dropped, the worker's new weights loaded: `loaded`)
+        instead of being asked again and again. `worker_version`: the version its engine holds (a worker whose
+        weights are older than the bound allows is not admitted: what it started would be stale)."""
+        if worker_version is not None:
+            self.worker_versions[worker_id] = worker_version
+        epoch = self.epochs.get(worker_id, 0)
+        deadline = time.monotonic() + wait_s
+        async with self.changed:
+            while True:
+                if self.epochs.get(worker_id, 0) != epoch:  # the worker was declared dead while this call waited
+                    return 0
+                n = admissible(requested, self.live, self.outstanding, self.version, self.max_staleness, self.groups_per_version,
+                               self.capacity, self.worker_versions.get(worker_id))
+                remaining = deadline - time.monotonic()
+                if n or remaining <= 0:
+                    break
+                try:
+                    await asyncio.wait_for(self.changed.wait(), remaining)
+                except asyncio.TimeoutError:
+                    pass
         self.admitted_by[worker_id] = self.admitted_by.get(worker_id, 0) + n
         self.live += n
         self.outstanding += n
@@ -54,8 +76,19 @@ class ReplayBuffer:
         self.counts["refused_admissions"] += int(n < requested)
         return n
 
+    async def loaded(self, worker_id: int, version: int) -> None:
+        """Worker `worker_id`'s engine now holds `version` (its admission call may be waiting for it)."""
+        self.worker_versions[worker_id] = version
+        await self._notify()
+
     async def set_version(self, version: int) -> None:
         self.version = version
+        await self._notify()
+
+    async def _notify(self) -> None:
+        """Wake the calls waiting for the buffer to change (admissions, batches)."""
+        async with self.changed:
+            self.changed.notify_all()
 
     async def put(self, group: list[dict]) -> None:
         if not self._delivered(group):
@@ -63,8 +96,10 @@ class ReplayBuffer:
         if group[0]["status"] == Status.DROPPED_ERROR.value:
             self._drop(group, "dropped_error")
             self.store.append(group)
+            await self._notify()  # its admission is free again
             return
         if self.cfg.algorithm.filter_zero_variance and self._filter(group):
+            await self._notify()
             return
         async with self.changed:
             self.groups.append(group)
@@ -78,7 +113,9 @@ class ReplayBuffer:
             while True:
                 self._drop_stale(version)
                 if len(self.groups) >= n_groups:
-                    return self._consume(self._take(n_groups), version, step)
+                    batch = self._consume(self._take(n_groups), version, step)
+                    self.changed.notify_all()  # room in the buffer again (and any stale groups dropped above)
+                    return batch
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return None
@@ -96,6 +133,7 @@ class ReplayBuffer:
         self.live -= len({r["group_id"] for r in records})
         self.counts["aborted"] += len(records)
         self.store.append(records)
+        await self._notify()
 
     async def flush(self) -> int:
         """Write every pending record now (before a checkpoint); returns rows written so far."""
@@ -107,6 +145,7 @@ class ReplayBuffer:
         self.version = version
         self.live, self.outstanding = consumed_groups, 0
         self.counts.update(counts)
+        await self._notify()
 
     async def stats(self) -> dict:
         return {**self.counts, "buffered_groups": len(self.groups), "outstanding_groups": self.outstanding, "version": self.version}
@@ -137,6 +176,8 @@ class ReplayBuffer:
         """A worker died: record each group it was admitted for and never delivered as dropped_error with
         `reason` (sample ids as the worker would have named them), and free their admissions.
         Returns the worker's group count, where its replacement continues numbering and its prompt stream."""
+        self.epochs[worker_id] = self.epochs.get(worker_id, 0) + 1  # an admission it left waiting admits nothing
+        self.worker_versions.pop(worker_id, None)
         admitted = self.admitted_by.get(worker_id, 0)
         delivered = self.delivered_by.setdefault(worker_id, set())
         lost = [k for k in range(admitted) if k not in delivered]
@@ -148,6 +189,7 @@ class ReplayBuffer:
             self.counts["lost"] += len(records)
             self.store.append(records)
             delivered.add(k)
+        await self._notify()
         return admitted
 
     def _take(self, n: int) -> list[list[dict]]:

@@ -100,7 +100,9 @@ class VLLMEngine:
         args = vllm_engine_args(model_path, dtype, max_model_len, seed, gpu_mem, priority, tensor_parallel_size=tensor_parallel_size,
                                 cuda_graphs=cuda_graphs, on_gpu=cuda_available())
         from vllm import LLM
+        import torch
 
+        self.threads = torch.get_num_threads()  # as the actor set them (rollout.torch_threads); see `_on_engine_threads`
         self.llm = LLM(**args)
         self.tensor_parallel_size = args["tensor_parallel_size"]
         self.engine = self.llm.llm_engine
@@ -139,7 +141,17 @@ class VLLMEngine:
         """Requests added and not finished: the batch the next `step` runs (waiting ones included)."""
         return self.engine.get_num_unfinished_requests()
 
+    def _on_engine_threads(self) -> None:
+        """OpenMP's thread count belongs to the calling thread, and the CPU attention kernel fails when it differs
+        from the one the step's metadata was planned with: a loop thread or Ray's call thread is given the engine's
+        (torch._C's own setter: vLLM's CPU worker replaces torch.set_num_threads with a no-op)."""
+        import torch
+
+        if torch.get_num_threads() != self.threads:
+            torch._C.set_num_threads(self.threads)
+
     def step(self) -> list[Finished]:
+        self._on_engine_threads()
         done = []
         for out in self.engine.step():
             if out.finished:
@@ -156,6 +168,7 @@ class VLLMEngine:
 
     def sample(self, prompts: list[list[int]], params) -> list[Finished]:
         """One sampled response per prompt with `params`, outside the step loop (inspection and tests)."""
+        self._on_engine_threads()
         outs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
         return [_finished(o) for o in outs]
 
@@ -200,6 +213,7 @@ class VLLMEngine:
     def greedy(self, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
         from vllm import SamplingParams
 
+        self._on_engine_threads()
         params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
         outs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
         return [list(o.outputs[0].token_ids) for o in outs]
@@ -208,6 +222,7 @@ class VLLMEngine:
         """Log-probs the engine assigns to token_ids[1:] given their prefixes."""
         from vllm import SamplingParams
 
+        self._on_engine_threads()
         params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=temperature)
         out = self.llm.generate({"prompt_token_ids": token_ids}, params, use_tqdm=False)[0]
         return [d[t].logprob for d, t in zip(out.prompt_logprobs[1:], token_ids[1:])]

@@ -140,6 +140,14 @@ class _Eval:
 TRACE_LIMIT = 200_000
 """Engine steps kept between two drains, the newest (a stalled controller must not grow the worker without bound)."""
 
+ADMIT_WAIT_S = 1.0
+"""Longest the buffer holds an admission call that it cannot grant yet (it answers as soon as it can): one call a
+second while the worker waits, instead of one every few milliseconds."""
+
+IDLE_WAIT_S = 0.02
+"""With nothing to run, how long the loop waits for an admission answer before it looks at its queues again (a
+weight update or a validation waits at most this long to be taken)."""
+
 REWARD_THREADS = 4
 """Threads per worker for reward calls; a timed-out call holds one until it returns (see RewardRunner)."""
 
@@ -153,6 +161,9 @@ class RolloutWorker:
         (a replacement for a dead worker continues both where the buffer's admissions say it stopped);
         `scorers`: the reward pool's actors (none: score in this loop)."""
         pin_to_cores(cfg.rollout.cpu_affinity)
+        import torch
+
+        torch.set_num_threads(cfg.rollout.torch_threads)  # before the engine starts: its forward passes use them
         self.id, self.cfg, self.buffer, self.run_id = worker_id, cfg, buffer, run_id
         r, e = cfg.rollout, cfg.env
         self.env_cls = make_environment(e.name) if e.name else AgentEnvironment if e.agent else None
@@ -413,7 +424,7 @@ class RolloutWorker:
             else:
                 t0 = time.monotonic()
                 if self.admission is not None:
-                    ray.wait([self.admission], timeout=0.005)
+                    ray.wait([self.admission], timeout=IDLE_WAIT_S)
                 else:
                     self.stop_flag.wait(0.005)
                 self.counters.idle_s += time.monotonic() - t0
@@ -430,7 +441,7 @@ class RolloutWorker:
             next_admit = time.monotonic() + (0.0 if admitted else 0.005)
         room = self.cfg.rollout.max_inflight_groups - len(self.inflight)  # only grows until the answer is in
         if room > 0 and time.monotonic() >= next_admit:
-            self.admission = self.buffer.admit.remote(room, self.id)
+            self.admission = self.buffer.admit.remote(room, self.id, self.version, ADMIT_WAIT_S)
         return next_admit
 
     def _advance_episodes(self) -> None:
@@ -559,6 +570,7 @@ class RolloutWorker:
             nbytes = self.engine.receive_weights(payload)
             self.version = version
             self.counters.weight_updates += 1
+            self.buffer.loaded.remote(self.id, version)  # an admission waiting for these weights may go on
         self._resubmit(running if mode in ("abort", "resume") else [])
         self.counters.update_s += time.monotonic() - started
         return LoadReport(version=version, seconds=time.monotonic() - t0, bytes=nbytes)

@@ -23,3 +23,11 @@ def test_admissible_clamps_by_staleness_and_capacity():
     # nothing left: never negative
     assert admissible(3, live_groups=9, outstanding_groups=9, version=0, max_staleness=1, groups_per_version=4, capacity_groups=64) == 0
     assert admissible(3, live_groups=0, outstanding_groups=0, version=0, max_staleness=1, groups_per_version=4, capacity_groups=64) == 3
+
+
+def test_a_worker_whose_weights_are_too_old_is_not_admitted():
+    free = dict(live_groups=0, outstanding_groups=0, groups_per_version=4, capacity_groups=64)
+    assert admissible(3, version=2, max_staleness=0, worker_version=1, **free) == 0  # would be stale at once
+    assert admissible(3, version=2, max_staleness=0, worker_version=2, **free) == 3  # loaded: admitted
+    assert admissible(3, version=2, max_staleness=1, worker_version=1, **free) == 3  # one behind is within the bound
+    assert admissible(3, version=2, max_staleness=0, worker_version=None, **free) == 3  # version unknown: not judged

@@ -13,6 +13,11 @@ Definitions (PRIME-RL style, precise on purpose):
   consumed at most ``(V + max_staleness + 1) * groups_per_version`` groups by
   the time it reaches version V + max_staleness, so no more live groups than
   that may have been started.
+- A worker whose engine holds an older version than the learner's minus
+  ``max_staleness`` is not admitted at all: whatever it started now would
+  already be stale when trained on. At ``max_staleness=0`` this makes the run
+  strictly synchronous: a worker starts the next batch only once it has
+  loaded the weights that batch will be trained against.
 """
 from __future__ import annotations
 
@@ -39,13 +44,18 @@ def admissible(
     max_staleness: int,
     groups_per_version: int,
     capacity_groups: int,
+    worker_version: int | None = None,
 ) -> int:
     """How many of `requested` new groups may start now (0..requested).
 
     `live_groups` counts every group ever admitted minus those dropped;
     `outstanding_groups` are admitted and not yet consumed or dropped (in
     flight or buffered); they may not exceed `capacity_groups`.
+    `worker_version`: the version the asking engine holds (None: not known);
+    none is admitted while it is more than `max_staleness` behind `version`.
     """
+    if worker_version is not None and is_stale(version, worker_version, max_staleness):
+        return 0
     by_staleness = admission_capacity(version, max_staleness, groups_per_version) - live_groups
     by_capacity = capacity_groups - outstanding_groups
     return max(0, min(requested, by_staleness, by_capacity))
