@@ -8,7 +8,7 @@ SGLANG_STAMP := $(SGLANG)/.asyncrl-installed
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup sglang run run-smollm2 run-calculator run-guess-number run-agent smoke docs test test-all test-fast model bench bench-smollm2 bench-engines clean
+.PHONY: setup sglang run run-smollm2 run-calculator run-guess-number run-agent smoke docs test test-all test-fast model bench bench-smollm2 bench-engines bench-tables clean
 
 setup: $(STAMP) $(SGLANG_STAMP)
 
@@ -91,6 +91,10 @@ bench-smollm2: $(STAMP) $(SGLANG_STAMP)
 bench-engines: $(STAMP) $(SGLANG_STAMP)
 	$(PY) bench/engines.py --prompts 64 --repeats 5
 	$(PY) bench/engines.py --config configs/smollm2_word_problems.yaml --prompts 8 --repeats 2 --versions 4
+
+# the tables in bench/results/ rebuilt from their committed JSON records, nothing measured (`bench/tables.py --check` only compares)
+bench-tables: $(STAMP)
+	$(PY) bench/tables.py
 
 test-fast: $(STAMP) $(SGLANG_STAMP)
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)

@@ -21,7 +21,7 @@ from collections import Counter
 from pathlib import Path
 
 from overlap import median, run_job  # bench/ is on sys.path when a benchmark runs as a script
-from results_io import lengths_text, publish
+from results_io import check_plausible, lengths_text, provenance, publish
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -45,6 +45,30 @@ def counts_text(counts: dict) -> str:
     return ", ".join(f"{k}: {v / total:.0%}" for k, v in counts.items())
 
 
+def render(result: dict) -> str:
+    """The table, from the published result alone."""
+    batch = result["batch_size"]
+    sync = {k[len("sync_"):]: v for k, v in result.items() if k.startswith("sync_")}
+    asyn = {k[len("async_"):]: v for k, v in result.items() if k.startswith("async_")}
+    lines = [
+        f"Multi-turn episodes with a 50-200 ms tool, {Path(result['config']).name} + `{result['env']}`, {result['tool_workers']} tool processes, "
+        f"{result['steps']} steps per mode, "
+        f"async at max_staleness {result['async_max_staleness']}, medians over steps 1.. (`bench/agentic.py {' '.join(result['argv'])}`)",
+        "", "| measure | sync (max_staleness=0) | async |", "|---|---|---|",
+        f"| step time | {sync['step_s']:.2f} s | {asyn['step_s']:.2f} s |",
+        f"| trained episodes per second | {batch / sync['step_s']:.2f} | {batch / asyn['step_s']:.2f} |",
+        f"| **speedup** (target ≥ 1.5x) | | **{result['speedup']:.2f}x** |",
+        f"| learner waiting for episodes | {sync['learner_wait_frac']:.0%} | {asyn['learner_wait_frac']:.0%} |",
+        f"| rollout idle | {sync['rollout_idle_frac']:.0%} | {asyn['rollout_idle_frac']:.0%} |",
+        f"| episode length (response tokens) | {lengths_text(sync['lengths'])} | {lengths_text(asyn['lengths'])} |",
+        f"| model turns per episode | {counts_text(sync['turns'])} | {counts_text(asyn['turns'])} |",
+        f"| tool calls per episode | {counts_text(sync['calls_per_episode'])} | {counts_text(asyn['calls_per_episode'])} |",
+        f"| tool calls, mean time, errors | {sync['tool_calls']}, {sync['tool_s_mean'] * 1e3:.0f} ms, {sync['tool_errors']} | "
+        f"{asyn['tool_calls']}, {asyn['tool_s_mean'] * 1e3:.0f} ms, {asyn['tool_errors']} |",
+    ]
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", type=Path, default=ROOT / "configs" / "smoke.yaml")
@@ -53,6 +77,7 @@ def main() -> None:
     parser.add_argument("--tool-workers", type=int, default=8)
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = parser.parse_args()
+    start = provenance(sys.argv[1:])
     from asyncrl.core.config import load_config
 
     smoke = args.config.resolve() == (ROOT / "configs" / "smoke.yaml").resolve()
@@ -75,25 +100,13 @@ def main() -> None:
     batch = cfg.learner.batch_size
     sync, asyn = runs["sync"], runs["async"]
     speedup = sync["step_s"] / asyn["step_s"]
+    for mode in runs:
+        check_plausible("agentic", runs[mode]["learner_wait_frac"], 1.0, f"{mode} learner waiting fraction")
+        check_plausible("agentic", runs[mode]["rollout_idle_frac"], 1.0, f"{mode} rollout idle fraction")
     result = {"config": str(args.config), "env": args.env, "steps": args.steps, "async_max_staleness": staleness,
-              "batch_size": batch, "speedup": speedup, **{f"{m}_{k}": v for m, r in runs.items() for k, v in r.items()}}
-    lines = [
-        f"Multi-turn episodes with a 50-200 ms tool, {args.config.name} + `{args.env}`, {args.tool_workers} tool processes, "
-        f"{args.steps} steps per mode, "
-        f"async at max_staleness {staleness}, medians over steps 1.. (`bench/agentic.py {' '.join(sys.argv[1:])}`)",
-        "", "| measure | sync (max_staleness=0) | async |", "|---|---|---|",
-        f"| step time | {sync['step_s']:.2f} s | {asyn['step_s']:.2f} s |",
-        f"| trained episodes per second | {batch / sync['step_s']:.2f} | {batch / asyn['step_s']:.2f} |",
-        f"| **speedup** (target ≥ 1.5x) | | **{speedup:.2f}x** |",
-        f"| learner waiting for episodes | {sync['learner_wait_frac']:.0%} | {asyn['learner_wait_frac']:.0%} |",
-        f"| rollout idle | {sync['rollout_idle_frac']:.0%} | {asyn['rollout_idle_frac']:.0%} |",
-        f"| episode length (response tokens) | {lengths_text(sync['lengths'])} | {lengths_text(asyn['lengths'])} |",
-        f"| model turns per episode | {counts_text(sync['turns'])} | {counts_text(asyn['turns'])} |",
-        f"| tool calls per episode | {counts_text(sync['calls_per_episode'])} | {counts_text(asyn['calls_per_episode'])} |",
-        f"| tool calls, mean time, errors | {sync['tool_calls']}, {sync['tool_s_mean'] * 1e3:.0f} ms, {sync['tool_errors']} | "
-        f"{asyn['tool_calls']}, {asyn['tool_s_mean'] * 1e3:.0f} ms, {asyn['tool_errors']} |",
-    ]
-    publish(args.out, "agentic" if smoke else f"agentic_{args.config.stem}", "\n".join(lines) + "\n", result)
+              "batch_size": batch, "speedup": speedup, "tool_workers": args.tool_workers, "argv": sys.argv[1:],
+              **{f"{m}_{k}": v for m, r in runs.items() for k, v in r.items()}}
+    publish(args.out, "agentic" if smoke else f"agentic_{args.config.stem}", "agentic", result, sys.argv[1:], start)
 
 
 if __name__ == "__main__":

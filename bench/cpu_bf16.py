@@ -64,11 +64,24 @@ def learner_step_s(config: Path, dtype: str, steps: int, n: int, prompt: int, re
     return statistics.median(times[1:])  # the first step warms up
 
 
+def render(result: dict) -> str:
+    """The table, from the published result alone."""
+    mm, st = result["matmul_gflops"], result["learner_step_s"]
+    n, prompt, response = result["batch"]
+    return "\n".join([
+        f"bf16 compute (fp32 master) against fp32 on this CPU ({result['cpu']}; {result['date']}, commit {result['commit']}; "
+        f"flags {' '.join(result['cpu_flags'])}; native bf16: {result['native_bf16']}; torch {result['torch']}, {result['torch_cpu_capability']})",
+        "", "| | float32 | bfloat16 | bf16 / fp32 |", "|---|---|---|---|",
+        f"| 1024² matmul, GFLOP/s | {mm['float32']:.1f} | {mm['bfloat16']:.1f} | {mm['bfloat16'] / mm['float32']:.2f}x |",
+        f"| learner step ({result['config']}, {n} x ({prompt} + {response}) tokens), s | {st['float32']:.2f} | {st['bfloat16']:.2f} | {st['bfloat16'] / st['float32']:.2f}x time |",
+        "", f"model.dtype=auto picks {'bfloat16' if result['native_bf16'] else 'float32'} on this CPU.", ""])
+
+
 def main() -> None:
     import torch
 
     from asyncrl.core.util import cpu_has_native_bf16
-    from results_io import publish
+    from results_io import provenance, publish
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--config", type=Path, default=ROOT / "configs" / "smollm2_word_problems.yaml")
@@ -77,6 +90,7 @@ def main() -> None:
     p.add_argument("--prompt", type=int, default=64)
     p.add_argument("--response", type=int, default=64)
     args = p.parse_args()
+    start = provenance(sys.argv[1:])
     torch.set_num_threads(2)
     flags = next((line.split(":", 1)[1].split() for line in open("/proc/cpuinfo") if line.startswith("flags")), [])
     result = {
@@ -91,14 +105,7 @@ def main() -> None:
     mm, st = result["matmul_gflops"], result["learner_step_s"]
     if min(mm.values()) <= 0 or min(st.values()) <= 0:
         raise SystemExit(f"impossible figure: {mm} {st}")
-    table = "\n".join([
-        f"bf16 compute (fp32 master) against fp32 on this CPU ({result['cpu']}; {result['date']}, commit {result['commit']}; "
-        f"flags {' '.join(result['cpu_flags'])}; native bf16: {result['native_bf16']}; torch {result['torch']}, {result['torch_cpu_capability']})",
-        "", "| | float32 | bfloat16 | bf16 / fp32 |", "|---|---|---|---|",
-        f"| 1024² matmul, GFLOP/s | {mm['float32']:.1f} | {mm['bfloat16']:.1f} | {mm['bfloat16'] / mm['float32']:.2f}x |",
-        f"| learner step ({result['config']}, {args.batch} x ({args.prompt} + {args.response}) tokens), s | {st['float32']:.2f} | {st['bfloat16']:.2f} | {st['bfloat16'] / st['float32']:.2f}x time |",
-        "", f"model.dtype=auto picks {'bfloat16' if result['native_bf16'] else 'float32'} on this CPU.", ""])
-    publish(ROOT / "bench" / "results", "cpu_bf16", table, result)
+    publish(ROOT / "bench" / "results", "cpu_bf16", "cpu_bf16", result, sys.argv[1:], start)
 
 
 if __name__ == "__main__":

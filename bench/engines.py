@@ -34,7 +34,7 @@ import sys
 import time
 from pathlib import Path
 
-from results_io import publish  # bench/ is on sys.path when a benchmark runs as a script
+from results_io import provenance, publish  # bench/ is on sys.path when a benchmark runs as a script
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -151,6 +151,29 @@ def run_engine(engine: str, args, cfg, model_path: str) -> dict:
     return result
 
 
+def render(result: dict) -> str:
+    """The table, from the published result alone."""
+    results = {e: result[e] for e in result["engines"]}
+    rows = [f"| {e} | {res['start_s']:.0f} s | {res['tokens_per_s']:.0f} | {statistics.mean(r['tokens'] for r in res['rounds']):.0f} | "
+            f"{res['reload_median_s'] * 1e3:.0f} ms | {res['logprob_gap']:.1e} | {res['logprob_change']:.1e} |" for e, res in results.items()]
+    ratio = ""
+    if len(results) == 2:
+        v, s = results["vllm"], results["sglang"]
+        ratio = (f"\nSGLang / vLLM in this run: generation **{s['tokens_per_s'] / v['tokens_per_s']:.2f}x** the tokens per second, "
+                 f"reload **{s['reload_median_s'] / v['reload_median_s']:.2f}x** the time per version.\n")
+    versions = result["versions"]
+    return "\n".join([
+        f"vLLM and SGLang on the same requests, `{Path(result['config']).name}` ({result['model']}, {result['dtype']}, "
+        f"{result['prompts']} prompts x {result['group_size']} samples, temperature {result['temperature']}, max_new_tokens {result['max_new_tokens']}; "
+        f"reload of the whole model, {results[next(iter(results))]['bytes'] / 1e6:.1f} MB, over gloo, median of the last "
+        f"{versions - 1} of {versions} versions) (`bench/engines.py {' '.join(result['argv'])}`)",
+        "",
+        "| engine | start-up | tokens / s (median of rounds) | tokens per round | reload per version | log-prob gap to this process's weights after the last | log-prob change from the initial weights |",
+        "|---|---|---|---|---|---|---|",
+        *rows,
+    ]) + "\n" + ratio
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", type=Path, default=ROOT / "configs" / "default.yaml")
@@ -164,6 +187,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.child:
         return child(args)
+    start = provenance(sys.argv[1:])
 
     import torch
 
@@ -174,31 +198,15 @@ def main() -> None:
     cfg = load_config(args.config)
     path = str(model_dir(cfg))
     results = {e: run_engine(e, args, cfg, path) for e in args.engines}
-    rows = []
-    for e, res in results.items():
-        tps = statistics.median(r["tokens"] / r["seconds"] for r in res["rounds"])
-        res["tokens_per_s"] = tps
+    for res in results.values():
+        res["tokens_per_s"] = statistics.median(r["tokens"] / r["seconds"] for r in res["rounds"])
         res["reload_median_s"] = statistics.median(res["reload_s"][1:] or res["reload_s"])
-        rows.append(f"| {e} | {res['start_s']:.0f} s | {tps:.0f} | {statistics.mean(r['tokens'] for r in res['rounds']):.0f} | "
-                    f"{res['reload_median_s'] * 1e3:.0f} ms | {res['logprob_gap']:.1e} | {res['logprob_change']:.1e} |")
-    ratio = ""
-    if len(results) == 2:
-        v, s = results["vllm"], results["sglang"]
-        ratio = (f"\nSGLang / vLLM in this run: generation **{s['tokens_per_s'] / v['tokens_per_s']:.2f}x** the tokens per second, "
-                 f"reload **{s['reload_median_s'] / v['reload_median_s']:.2f}x** the time per version.\n")
     r = cfg.rollout
-    text = "\n".join([
-        f"vLLM and SGLang on the same requests, `{args.config.name}` ({cfg.model.path}, {cfg.model.dtype}, "
-        f"{args.prompts} prompts x {r.group_size} samples, temperature {r.temperature}, max_new_tokens {r.max_new_tokens}; "
-        f"reload of the whole model, {results[next(iter(results))]['bytes'] / 1e6:.1f} MB, over gloo, median of the last "
-        f"{args.versions - 1} of {args.versions} versions) (`bench/engines.py {' '.join(sys.argv[1:])}`)",
-        "",
-        "| engine | start-up | tokens / s (median of rounds) | tokens per round | reload per version | log-prob gap to this process's weights after the last | log-prob change from the initial weights |",
-        "|---|---|---|---|---|---|---|",
-        *rows,
-    ]) + "\n" + ratio
+    data = {"config": str(args.config), **results, "engines": list(results), "model": cfg.model.path, "dtype": cfg.model.dtype,
+            "prompts": args.prompts, "group_size": r.group_size, "temperature": r.temperature, "max_new_tokens": r.max_new_tokens,
+            "versions": args.versions, "argv": sys.argv[1:]}
     default = args.config.resolve() == (ROOT / "configs" / "default.yaml").resolve()
-    publish(args.out, "engines" if default else f"engines_{args.config.stem}", text, {"config": str(args.config), **results})
+    publish(args.out, "engines" if default else f"engines_{args.config.stem}", "engines", data, sys.argv[1:], start)
 
 
 if __name__ == "__main__":

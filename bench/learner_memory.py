@@ -424,6 +424,9 @@ def markdown(data: dict) -> str:
     return "\n".join(out) + "\n"
 
 
+render = markdown  # what bench/tables.py rebuilds the table with (results_io.render_record)
+
+
 # ----------------------------------------------------------------------------- the machine and the code measured
 def git(*args: str) -> str:
     return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True, check=True).stdout.strip()
@@ -497,7 +500,9 @@ def main() -> None:
     import torch
 
     sys.path.insert(0, str(BENCH))
-    from results_io import publish
+    from results_io import provenance, publish
+
+    start = provenance(sys.argv[1:])
 
     gpus = torch.cuda.device_count() if args.device == "cuda" else 0
     if args.device == "cuda" and gpus == 0:
@@ -561,7 +566,7 @@ def main() -> None:
         "runs": runs, "ratios": ratios, "checks": checks, "errors": [*impossible, *failed],
         "notes": {"ray_imported_by": ray_in, "ray_stubbed_in": stubbed},
     }
-    publish(args.out.parent, args.out.name, markdown(data), data)
+    publish(args.out.parent, args.out.name, "learner_memory", data, sys.argv[1:], start)
     if impossible or failed:
         sys.exit("learner_memory: " + "; ".join([*(f"impossible figure: {e}" for e in impossible), *(f"failed: {e}" for e in failed)]))
 

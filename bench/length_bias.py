@@ -23,12 +23,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-from results_io import publish  # bench/ is on sys.path when a benchmark runs as a script
+from results_io import provenance, publish  # bench/ is on sys.path when a benchmark runs as a script
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-
-from asyncrl.core.store import read_trajectories  # noqa: E402
 
 VARIANTS = {
     "fifo": ["rollout.oldest_first=false", "buffer.oldest_first=false"],
@@ -43,6 +41,8 @@ def lengths(rows: list[dict], status: str) -> tuple[int, float]:
 
 
 def run_one(out: Path, variant: str, args: argparse.Namespace) -> dict:
+    from asyncrl.core.store import read_trajectories
+
     overrides = [f"run.output_dir={out}", f"buffer.max_staleness={args.staleness}", f"run.max_train_minutes={args.minutes}",
                  f"run.seed={args.seed}", "run.eval=false", "run.checkpoint_every=0", "logging.wandb=false", "logging.console=false",
                  *VARIANTS[variant]]
@@ -74,6 +74,13 @@ def table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def render(result: dict) -> str:
+    """The table, from the published result alone."""
+    a = result["args"]
+    return (f"Length bias from staleness: {a['config']}, buffer.max_staleness={a['staleness']}, {float(a['minutes']):g} min of training "
+            f"per variant, seed {a['seed']}\n(`{' '.join(['bench/length_bias.py', *result['argv']])}`)\n\n{table(result['results'])}\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default="configs/smollm2_word_problems.yaml")
@@ -84,14 +91,14 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     parser.add_argument("--name", default="length_bias", help="result file stem")
     args = parser.parse_args()
+    start = provenance(sys.argv[1:])
     results = []
     with tempfile.TemporaryDirectory(prefix="length-bias-") as tmp:
         for variant in args.variants:
             results.append(run_one(Path(tmp) / variant, variant, args))
             print(f"{variant}: {json.dumps(results[-1])}", flush=True)
-    text = (f"Length bias from staleness: {args.config}, buffer.max_staleness={args.staleness}, {args.minutes:g} min of training "
-            f"per variant, seed {args.seed}\n(`{' '.join(['bench/length_bias.py', *sys.argv[1:]])}`)\n\n{table(results)}\n")
-    publish(args.out, args.name, text, {"args": {k: str(v) for k, v in vars(args).items()}, "results": results})
+    data = {"args": {k: str(v) for k, v in vars(args).items()}, "results": results, "argv": sys.argv[1:]}
+    publish(args.out, args.name, "length_bias", data, sys.argv[1:], start)
 
 
 if __name__ == "__main__":

@@ -1,190 +1,184 @@
-"""Async vs sync against the ideal overlap bound, and the engine's own ceiling, measured in one invocation.
+"""Asynchronous against the synchronous baseline its users would run, per trained sample, over several seeds.
 
-    .venv/bin/python bench/overlap.py            # the tiny default job, about 2 min on 2 cores
-    .venv/bin/python bench/overlap.py --steps 60
-    .venv/bin/python bench/overlap.py --config configs/smollm2_word_problems.yaml --steps 8   # ~15 min
+    .venv/bin/python bench/overlap.py                     # the tiny default job, 3 seeds, about 6 min on 2 cores
+    .venv/bin/python bench/overlap.py --config configs/smollm2_word_problems.yaml --samples 192   # about 40 min
 
-1. Runs a job (`--config`, the default job unless told) twice with the same seed and steps: synchronously
-   (`buffer.max_staleness=0`, where generation, training and weight sync take
-   turns) and asynchronously (the config's `max_staleness`, at least 1), rollout and
-   learner pinned to separate cores (the configs' `cpu_affinity`). From the synchronous run, whose
-   phases do not overlap, it takes T_gen (the learner's wait for a batch),
-   T_train (learner compute) and T_sync (weight broadcast) per step; the ideal
-   speedup of one rollout pool and one learner pool is
-   (T_gen + T_train + T_sync) / max(T_gen, T_train + T_sync). The achieved
-   speedup is the ratio of learner steps per second (= trained samples per
-   second: the batch size is the same); efficiency = achieved / ideal.
-2. Engine ceiling: vLLM alone on the same model, sampling parameters, prompt
-   stream and core generates as many groups as the async run trained on. The
-   engine ratio divides the rollout worker's tokens per second of loop time
-   minus idle time (so weight loads, admission calls, scoring and hand-off
-   count against asyncrl; waiting with nothing admitted does not) by that: the
-   overhead asyncrl adds to generation. The engine alone runs twice: with as
-   many requests in flight as the worker may have (max_inflight_groups x
-   group_size), and with as many as the async run had on average
-   (`rollout/running_mean`): where the learner is the bottleneck, admission
-   follows it and the engine runs smaller batches than it could, which is
-   demand, not overhead.
+For each seed, back to back (the order alternating from seed to seed), the asynchronous job (`--config`) and its
+synchronous baseline (`--baseline`; by default the config's `<name>_sync.yaml`): the same model, task, sampling,
+algorithm and optimizer-update size, scheduled as verl's colocated trainer and TRL schedule it (generation of a
+whole rollout batch at full engine concurrency on every core, then several optimizer updates on it, in turn;
+`buffer.max_staleness=0`). Both train `--samples` samples after a first, warm-up step (not counted).
 
-Medians over steps 1.. (step 0 includes the cold start). Next to the speedup,
-the response-length distribution of each run's samples (p50 / p90 / p99 / max,
-the fraction cut at max_new_tokens): the tail a synchronous trainer waits on.
-Writes bench/results/overlap.{md,json}, or overlap_<config name>.{md,json}.
+Per sample, from each run's own metrics (`asyncrl.analysis.bounds`):
+- the time each run took (the sum of its step times over the trained samples) and their ratio, the speedup;
+- the async run's phases: generation work (its engine's busy time over the samples it generated), learner compute
+  and the sync on the learner's path; a perfect pipeline of its two pools takes the longer of the two: the ideal
+  speedup is the baseline's time over that, the efficiency that over the async run's time (at most 1: a figure
+  above 1.05 fails the benchmark, as does a pair of runs that differ in anything but scheduling, or a baseline
+  that dropped a stale sample);
+- how each phase's time per sample changed from one core (async) to two in turn (baseline): what the split of the
+  machine costs or gains (`bounds.split_bound`).
+
+Writes bench/results/overlap.{json,md}, or overlap_<config name>.{json,md}.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
-from results_io import lengths_text, publish  # bench/ is on sys.path when a benchmark runs as a script
+
+from results_io import lengths_text, provenance, publish  # bench/ is on sys.path when a benchmark runs as a script
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-def run_job(config: Path, out: Path, steps: int, staleness: int, extra: tuple[str, ...] = ()) -> tuple[list[dict], dict, dict | None]:
-    """Metrics rows of steps 1.., the summary and the run's response-length distribution (`extra`: more overrides)."""
+def run_job(config: Path, out: Path, samples: int, seed: int) -> dict:
+    """Run `config` for a warm-up step and then `samples` trained samples; its measures (`measure`)."""
+    from asyncrl.core.config import load_config
+
+    steps = 1 + math.ceil(samples / load_config(config).learner.batch_size)
+    overrides = [f"run.output_dir={out}", f"run.steps={steps}", f"run.seed={seed}", "run.max_train_minutes=0", "run.eval=false",
+                 "logging.wandb=false", "logging.console=false", "run.checkpoint_every=0"]
+    proc = subprocess.run([sys.executable, "-m", "asyncrl.run", "--config", str(config), *overrides],
+                          cwd=ROOT, capture_output=True, text=True, timeout=7200)
+    if proc.returncode != 0:
+        raise RuntimeError(f"run failed ({config.name} {' '.join(overrides)}):\n{proc.stderr[-3000:]}")
+    return measure(out)
+
+
+def measure(run_dir: Path) -> dict:
+    """Totals over the steps after the first (warm-up: engine and learner start cold) of one run."""
+    import yaml
+
     from asyncrl.analysis.runs import load_run, response_lengths
 
-    overrides = [f"run.output_dir={out}", f"run.steps={steps}", "run.max_train_minutes=0", f"buffer.max_staleness={staleness}", "run.eval=false",
-                 "logging.wandb=false", "logging.console=false", "run.checkpoint_every=0", *extra]
-    proc = subprocess.run([sys.executable, "-m", "asyncrl.run", "--config", str(config), *overrides],
-                          cwd=ROOT, capture_output=True, text=True, timeout=3600)
-    if proc.returncode != 0:
-        raise RuntimeError(f"run failed ({' '.join(overrides)}):\n{proc.stderr[-3000:]}")
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()][1:]
-    return rows, json.loads((out / "summary.json").read_text()), response_lengths(load_run(out).trajectories)
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    first, later = rows[0], rows[1:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+
+    def total(key: str) -> float:
+        return sum(r[key] for r in later)
+
+    return {
+        "config": yaml.safe_load((run_dir / "config.yaml").read_text()),
+        "steps": len(later), "samples": total("samples/trained"), "wall_s": total("time/step_s"),
+        "learner_wait_s": total("time/learner_wait_s"), "learner_compute_s": total("time/learner_compute_s"),
+        "weight_sync_s": total("time/weight_sync_s"),
+        "rollout_busy_s": later[-1]["rollout/busy_s_total"] - first["rollout/busy_s_total"],
+        "generated": later[-1]["samples/generated_total"] - first["samples/generated_total"],
+        "running_mean": statistics.mean(r["rollout/running_mean"] for r in later if "rollout/running_mean" in r) if "rollout/running_mean" in later[0] else None,
+        "dropped_stale": summary["samples"]["dropped_stale"], "refused_admissions": summary["samples"]["refused_admissions"],
+        "run_wall_s": summary["wall_s"], "response_lengths": response_lengths(load_run(run_dir).trajectories),
+    }
 
 
-def lengths_cell(d: dict | None) -> str:
-    """The run's response lengths (tokens) and how many samples they cover."""
-    return f"{lengths_text(d)} ({d['samples']} samples)" if d else "–"
+def per_sample(m: dict) -> dict:
+    """A run's time and phases per trained sample (generation: per generated sample)."""
+    n = m["samples"]
+    return {"run_s": m["wall_s"] / n, "gen_s": m["rollout_busy_s"] / max(m["generated"], 1), "wait_s": m["learner_wait_s"] / n,
+            "train_s": m["learner_compute_s"] / n, "sync_s": m["weight_sync_s"] / n}
 
 
-def median(rows: list[dict], key: str) -> float:
-    return statistics.median(r[key] for r in rows)
+def compare(asyn: dict, sync: dict) -> dict:
+    """The speedup of one seed's pair, its ideal and the efficiency; raises on a pair that may not be compared."""
+    from asyncrl.analysis.bounds import Phases, check_efficiency, efficiency, ideal_speedup, unlike
 
-
-def engine_alone(config: Path, n_groups: int, limits: list[int | None]) -> list[float]:
-    """Tokens/s of the bare vLLM engine on the rollout worker's core, prompts and sampling parameters, for each
-    limit on the requests in flight (None: as many as the worker may have, max_inflight_groups x group_size)."""
-    from asyncrl.actors.engine import VLLMEngine
-    from asyncrl.core.config import load_config
-    from asyncrl.core.models import model_dir
-    from asyncrl.core.tasks import encode_prompt, make_task
-    from asyncrl.core.util import pin_to_cores
-
-    cfg = load_config(config)
-    pin_to_cores(cfg.rollout.cpu_affinity)
-    import torch
-
-    torch.set_num_threads(1)
-    r = cfg.rollout
-    path = str(model_dir(cfg))
-    engine = VLLMEngine(path, cfg.model.dtype, cfg.model.max_model_len, cfg.run.seed, r.kv_cache_gib, r.gpu_memory_utilization)
-    params = engine.sampling_params(r.temperature, r.top_p, r.max_new_tokens)
-    prompts = make_task(cfg.task, cfg.run.seed, cfg.data).train_prompts(seed=cfg.run.seed * 1000)
-    ids = [encode_prompt(engine.tokenizer, next(prompts).content, cfg.task.chat) for _ in range(n_groups)]
-    engine.warm_up(params, ids[0])  # off the clock, as the worker's own warm-up at start (torch.compile of the sampler)
-    rates = []
-    for n, limit in enumerate(limits):
-        limit = max(r.group_size, limit or r.max_inflight_groups * r.group_size)  # whole groups, as the worker admits
-        tokens, started, running, t0 = 0, 0, 0, time.perf_counter()
-        while started < n_groups or running:
-            while started < n_groups and running + r.group_size <= limit:
-                for i in range(r.group_size):
-                    engine.add(f"l{n}-g{started}-{i}", ids[started], params)
-                started, running = started + 1, running + r.group_size
-            done = engine.step()
-            running -= len(done)
-            tokens += sum(len(f.token_ids) for f in done)
-        rates.append(tokens / (time.perf_counter() - t0))
-    return rates
+    differ = unlike(asyn["config"], sync["config"])
+    if differ:
+        raise SystemExit(f"overlap: the two runs differ in more than scheduling ({', '.join(differ)}): no ratio is reported")
+    if sync["dropped_stale"]:
+        raise SystemExit(f"overlap: the synchronous baseline dropped {sync['dropped_stale']} stale samples: it is not synchronous")
+    a, s = per_sample(asyn), per_sample(sync)
+    phases = Phases(gen_s=a["gen_s"], train_s=a["train_s"], sync_s=a["sync_s"])
+    out = {"speedup": s["run_s"] / a["run_s"], "ideal": ideal_speedup(s["run_s"], phases), "efficiency": efficiency(a["run_s"], phases),
+           "async": a, "sync": s, "gen_scaling": a["gen_s"] / s["wait_s"], "train_scaling": a["train_s"] / s["train_s"]}
+    check_efficiency(out["efficiency"], f"seed {asyn['config']['run']['seed']}")
+    return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", type=Path, default=ROOT / "configs" / "default.yaml")
-    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--baseline", type=Path, help="the synchronous baseline's config (default: <config>_sync.yaml)")
+    parser.add_argument("--samples", type=int, default=1024, help="trained samples per run, after the warm-up step")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = parser.parse_args()
-    from asyncrl.core.config import load_config
-
-    cfg = load_config(args.config)
-    staleness = max(1, cfg.buffer.max_staleness)
+    start = provenance(sys.argv[1:])
+    baseline = args.baseline or args.config.with_name(f"{args.config.stem}_sync.yaml")
+    seeds = []
     with tempfile.TemporaryDirectory(prefix="overlap-") as tmp:
-        sync, _, sync_lengths = run_job(args.config, Path(tmp) / "sync", args.steps, 0)
-        asyn, summary, async_lengths = run_job(args.config, Path(tmp) / "async", args.steps, staleness)
-    t_gen, t_train, t_sync = (median(sync, k) for k in ("time/learner_wait_s", "time/learner_compute_s", "time/weight_sync_s"))
-    ideal = (t_gen + t_train + t_sync) / max(t_gen, t_train + t_sync)
-    sync_step, async_step = median(sync, "time/step_s"), median(asyn, "time/step_s")
-    achieved = sync_step / async_step
-    groups = int(sum(r["samples/trained"] for r in asyn)) // cfg.rollout.group_size
-    # the worker's requests in flight, as the async run had them on average (demand: admission follows the learner)
-    running = round(median(asyn, "rollout/running_mean")) if "rollout/running_mean" in asyn[0] else None
-    ceiling, at_running = engine_alone(args.config, groups, [None, running])
-    # tokens per second of the worker's loop minus its idle time (nothing to run: waiting for admission is demand,
-    # not capacity): it counts weight updates, admission calls, scoring and hand-off, what asyncrl adds
-    workers = summary["rollout"]
-    tokens = sum(w["tokens"] for w in workers)
-    working_s = sum(w["loop_s"] - w["idle_s"] for w in workers)
-    inside = tokens / working_s
-    per_busy = tokens / sum(w["busy_s"] for w in workers)  # engine stepping alone
-    update_frac = sum(w["update_s"] for w in workers) / working_s
-    result = {
-        "t_gen_s": t_gen, "t_train_s": t_train, "t_sync_s": t_sync, "ideal_speedup": ideal,
-        "sync_step_s": sync_step, "async_step_s": async_step, "achieved_speedup": achieved, "efficiency": achieved / ideal,
-        "sync_learner_wait_frac": median(sync, "time/learner_wait_frac"), "async_learner_wait_frac": median(asyn, "time/learner_wait_frac"),
-        "sync_rollout_idle_frac": median(sync, "rollout/idle_frac"), "async_rollout_idle_frac": median(asyn, "rollout/idle_frac"),
-        "async_weight_sync_frac": median(asyn, "time/weight_sync_frac"),
-        # where a sync's time goes (async run): waiting for the previous version's loads, the learner posting buckets;
-        # the slowest engine's receive+load runs on the rollout side, overlapping the next step
-        **{f"sync_{part}_s": median(asyn, f"time/weight_{part}_s") for part in ("settle", "send", "load")},
-        "sync_total_s": median(asyn, "time/weight_sync_s"),
-        "rollout_tokens_per_s_in_asyncrl": inside, "engine_alone_tokens_per_s": ceiling, "engine_ratio": inside / ceiling,
-        "async_running_mean": running, "engine_alone_at_running_tokens_per_s": at_running,
-        "engine_ratio_at_running": inside / at_running,
-        "rollout_tokens_per_busy_s": per_busy, "engine_ratio_per_busy_s": per_busy / ceiling, "rollout_update_frac": update_frac,
-        "async_max_staleness": staleness, "sync_response_lengths": sync_lengths, "async_response_lengths": async_lengths,
-    }
-    lines = [
-        f"Overlap and engine ceiling, {name_of(args.config)}, {args.steps} steps per mode, async at max_staleness "
-        f"{staleness}, medians over steps 1.. (`bench/overlap.py {' '.join(sys.argv[1:])}`)",
-        "",
-        "| measure | value |", "|---|---|",
-        f"| T_gen / T_train / T_sync per step (sync run) | {t_gen:.3f} / {t_train:.3f} / {t_sync:.3f} s |",
-        f"| ideal speedup (T_gen+T_train+T_sync) / max(T_gen, T_train+T_sync) | {ideal:.2f}x |",
-        f"| step time sync → async | {sync_step:.3f} → {async_step:.3f} s |",
-        f"| achieved speedup (steps/s and samples/s) | {achieved:.2f}x |",
-        f"| response lengths, sync run | {lengths_cell(sync_lengths)} |",
-        f"| response lengths, async run | {lengths_cell(async_lengths)} |",
-        f"| **efficiency achieved / ideal** (target ≥ 0.85) | **{achieved / ideal:.2f}** |",
-        f"| learner wait, sync → async | {result['sync_learner_wait_frac']:.0%} → {result['async_learner_wait_frac']:.0%} |",
-        f"| rollout idle, sync → async | {result['sync_rollout_idle_frac']:.0%} → {result['async_rollout_idle_frac']:.0%} |",
-        f"| weight sync / step time (async) (target ≤ 5 %) | {result['async_weight_sync_frac']:.0%} |",
-        f"| a sync on the learner's path (async run): total / settle previous / post buckets | "
-        f"{result['sync_total_s'] * 1e3:.1f} / {result['sync_settle_s'] * 1e3:.1f} / {result['sync_send_s'] * 1e3:.1f} ms |",
-        f"| engine receive+load per sync, overlapping the next step (async run) | {result['sync_load_s'] * 1e3:.1f} ms |",
-        f"| rollout tokens/s while it has work (loop time minus idle): in asyncrl / vLLM alone | {inside:.0f} / {ceiling:.0f} |",
-        f"| **engine ratio** (target ≥ 0.9) | **{inside / ceiling:.2f}** |",
-        f"| vLLM alone with the requests in flight the async run had on average ({running}) | {at_running:.0f} tokens/s |",
-        f"| **engine ratio at that concurrency** (in asyncrl / vLLM alone) | **{inside / at_running:.2f}** |",
-        f"| share of that time spent loading weights (`update_s`) | {update_frac:.0%} |",
-        f"| engine stepping alone (tokens per engine-busy second) / vLLM alone | {per_busy:.0f} / {ceiling:.0f} = {per_busy / ceiling:.2f} |",
-        f"| rollout tokens per wall second in asyncrl (includes waiting for admission) | {median(asyn, 'rollout/tokens_per_s'):.0f} |",
-    ]
-    text = "\n".join(lines) + "\n"
+        for k, seed in enumerate(args.seeds):
+            order = [("async", args.config), ("sync", baseline)]
+            runs = {}
+            for mode, config in order if k % 2 == 0 else order[::-1]:  # alternate, so a drift of the machine cancels
+                runs[mode] = run_job(config, Path(tmp) / f"{mode}-{seed}", args.samples, seed)
+                print(f"overlap: seed {seed} {mode}: {runs[mode]['wall_s'] / runs[mode]['samples']:.3f} s a sample", flush=True)
+            seeds.append({"seed": seed, "first": "async" if k % 2 == 0 else "sync", **compare(runs["async"], runs["sync"]),
+                          "runs": {m: {k2: v for k2, v in r.items() if k2 != "config"} for m, r in runs.items()}})
+    data = {"config": str(args.config.relative_to(ROOT) if args.config.is_absolute() else args.config),
+            "baseline": str(baseline.relative_to(ROOT) if baseline.is_absolute() else baseline), "samples": args.samples,
+            "async_batch": runs["async"]["config"]["learner"]["batch_size"], "sync_batch": runs["sync"]["config"]["learner"]["batch_size"],
+            "sync_mini_batches": runs["sync"]["config"]["learner"]["mini_batches"], "seeds": seeds}
     default = args.config.resolve() == (ROOT / "configs" / "default.yaml").resolve()
-    publish(args.out, "overlap" if default else f"overlap_{args.config.stem}", text, result)
+    publish(args.out, "overlap" if default else f"overlap_{args.config.stem}", "overlap", data, sys.argv[1:], start)
 
 
-def name_of(config: Path) -> str:
-    return "default job" if config.stem == "default" else f"`{config.name}`"
+def _median_range(values: list[float], fmt: str) -> str:
+    """The median over seeds and the range of the seeds: `1.10x (1.02-1.15)`."""
+    return f"{format(statistics.median(values), fmt)} ({format(min(values), fmt)}-{format(max(values), fmt)})"
+
+
+def _ms(seconds: float) -> str:
+    """Milliseconds, with three significant digits where they are few."""
+    ms = seconds * 1e3
+    return f"{ms:.0f}" if ms >= 100 else f"{ms:.3g}"
+
+
+def render(data: dict) -> str:
+    seeds = data["seeds"]
+    col = {key: [s[key] for s in seeds] for key in ("speedup", "ideal", "efficiency")}
+    rate = {m: [1 / s[m]["run_s"] for s in seeds] for m in ("sync", "async")}
+    lines = [
+        f"Asynchronous `{Path(data['config']).name}` against its synchronous baseline `{Path(data['baseline']).name}` "
+        f"(generation and training in turn on every core; a batch of {data['sync_batch']} samples, "
+        f"{data['sync_mini_batches']} optimizer updates on it; the async run trains batches of {data['async_batch']}): "
+        f"{data['samples']} trained samples per run after a warm-up step, seeds {', '.join(str(s['seed']) for s in seeds)}, back to back.",
+        "",
+        f"| over {len(seeds)} seeds: median (range) | value |", "|---|---|",
+        f"| trained samples/s, synchronous baseline | {_median_range(rate['sync'], '.3f')} |",
+        f"| trained samples/s, asynchronous | {_median_range(rate['async'], '.3f')} |",
+        f"| **speedup** (async / sync samples/s) | **{_median_range(col['speedup'], '.2f')}** |",
+        f"| ideal speedup (sync time / the async run's pipeline bound) | {_median_range(col['ideal'], '.2f')} |",
+        f"| **efficiency** (pipeline bound / async time; at most 1) | **{_median_range(col['efficiency'], '.2f')}** |",
+        f"| a phase on one core (async) against both cores in turn (sync): generation work / learner compute | "
+        f"{_median_range([s['gen_scaling'] for s in seeds], '.2f')}x / {_median_range([s['train_scaling'] for s in seeds], '.2f')}x faster |",
+        "",
+        "| seed (first run) | sync ms/sample: gen wait + train + sync | async ms/sample | async phases, ms/sample: gen / train + sync "
+        "| speedup | ideal | efficiency | dropped stale, sync / async | admission calls refused per minute, sync / async |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for s in seeds:
+        a, y = s["async"], s["sync"]
+        ra, rs = s["runs"]["async"], s["runs"]["sync"]
+        lines.append(
+            f"| {s['seed']} ({s['first']}) | {_ms(y['run_s'])}: {_ms(y['wait_s'])} + {_ms(y['train_s'])} + {_ms(y['sync_s'])} | {_ms(a['run_s'])} | "
+            f"{_ms(a['gen_s'])} / {_ms(a['train_s'])} + {_ms(a['sync_s'])} | {s['speedup']:.2f}x | {s['ideal']:.2f}x | {s['efficiency']:.2f} | "
+            f"{rs['dropped_stale']} / {ra['dropped_stale']} | {60 * rs['refused_admissions'] / rs['run_wall_s']:.1f} / "
+            f"{60 * ra['refused_admissions'] / ra['run_wall_s']:.1f} |")
+    first = seeds[0]["runs"]
+    lines += [
+        "",
+        f"Response lengths (tokens), seed {seeds[0]['seed']}: synchronous {lengths_text(first['sync']['response_lengths'])}; "
+        f"asynchronous {lengths_text(first['async']['response_lengths'])}.",
+    ]
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

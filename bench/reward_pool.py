@@ -22,20 +22,10 @@ import tempfile
 import time
 from pathlib import Path
 
-import ray
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from asyncrl.actors.buffer import ReplayBuffer  # noqa: E402
-from asyncrl.actors.rollout import RolloutWorker  # noqa: E402
-from asyncrl.core.config import load_config  # noqa: E402
-from asyncrl.core.models import resolve_model_path  # noqa: E402
-from asyncrl.core.models.cache import cache_dir  # noqa: E402
-from asyncrl.orchestration.cluster import ACTOR_ENV  # noqa: E402
-from asyncrl.orchestration.pools import RewardPool  # noqa: E402
-from asyncrl.orchestration.step_metrics import reward_metrics  # noqa: E402
-from results_io import publish  # noqa: E402
+from results_io import provenance, publish  # noqa: E402  (bench/ is on sys.path when a benchmark runs as a script)
 
 SLOW = "tests.reward_fns.sleepy_batched"
 VARIANTS = [  # (name, reward, reward workers)
@@ -47,6 +37,14 @@ VARIANTS = [  # (name, reward, reward workers)
 
 
 def measure(reward: str, workers: int, model_dir: str, seconds: float, tmp: Path, batch_size: int, capacity: int) -> dict:
+    import ray
+
+    from asyncrl.actors.buffer import ReplayBuffer
+    from asyncrl.actors.rollout import RolloutWorker
+    from asyncrl.core.config import load_config
+    from asyncrl.orchestration.pools import RewardPool
+    from asyncrl.orchestration.step_metrics import reward_metrics
+
     cfg = load_config(ROOT / "configs/default.yaml", [
         f"task.reward={reward}", f"reward.num_workers={workers}", "reward.num_cpus=0.25", "reward.cpu_affinity=[1]", f"reward.batch_size={batch_size}",
         "buffer.max_staleness=1000000", f"buffer.capacity_groups={capacity}", "logging.wandb=false",
@@ -94,6 +92,17 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def render(result: dict) -> str:
+    """The table, from the published result alone."""
+    a, rows = result["args"], result["rows"]
+    slow_pool, slow_loop = rows[2]["tokens_per_s"] / rows[0]["tokens_per_s"], rows[3]["tokens_per_s"] / rows[0]["tokens_per_s"]
+    return (f"Reward pool: the default job's rollout side, {float(a['seconds']):.0f} s per variant, reward.batch_size {a['batch_size']}, "
+            f"buffer.capacity_groups {a['capacity']}, "
+            f"batches taken as soon as they are full\n"
+            f"(`bench/reward_pool.py {' '.join(result['argv'])}`)\n\n{table(rows)}\n\n"
+            f"100 ms reward: pool {slow_pool:.2f}x of the instant reward's tokens/s (target >= 0.9), in the loop {slow_loop:.2f}x\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=40.0, help="measured seconds per variant (after 10 s of warm-up)")
@@ -104,6 +113,13 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     parser.add_argument("--name", default="reward_pool")
     args = parser.parse_args()
+    start = provenance(sys.argv[1:])
+    import ray
+
+    from asyncrl.core.models import resolve_model_path
+    from asyncrl.core.models.cache import cache_dir
+    from asyncrl.orchestration.cluster import ACTOR_ENV
+
     os.chdir(ROOT)  # the actors import tests.reward_fns from the repository root
     model_dir = str(resolve_model_path("tiny", digits=2, seed=0, cache_dir=cache_dir()))
     env = {**ACTOR_ENV, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}
@@ -114,13 +130,8 @@ def main() -> None:
             rows.append({"variant": name, **measure(reward, workers, model_dir, args.seconds, Path(tmp), args.batch_size, args.capacity)})
             print(f"{name}: {rows[-1]['tokens_per_s']:,.0f} tokens/s", flush=True)
     ray.shutdown()
-    slow_pool, slow_loop = rows[2]["tokens_per_s"] / rows[0]["tokens_per_s"], rows[3]["tokens_per_s"] / rows[0]["tokens_per_s"]
-    text = (f"Reward pool: the default job's rollout side, {args.seconds:.0f} s per variant, reward.batch_size {args.batch_size}, "
-            f"buffer.capacity_groups {args.capacity}, "
-            f"batches taken as soon as they are full\n"
-            f"(`bench/reward_pool.py {' '.join(sys.argv[1:])}`)\n\n{table(rows)}\n\n"
-            f"100 ms reward: pool {slow_pool:.2f}x of the instant reward's tokens/s (target >= 0.9), in the loop {slow_loop:.2f}x\n")
-    publish(args.out, args.name, text, {"args": {k: str(v) for k, v in vars(args).items()}, "rows": rows})
+    data = {"args": {k: str(v) for k, v in vars(args).items()}, "rows": rows, "argv": sys.argv[1:]}
+    publish(args.out, args.name, "reward_pool", data, sys.argv[1:], start)
 
 
 if __name__ == "__main__":

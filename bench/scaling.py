@@ -21,7 +21,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from results_io import publish  # bench/ is on sys.path when a benchmark runs as a script
+from results_io import check_plausible, provenance, publish  # bench/ is on sys.path when a benchmark runs as a script
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -47,23 +47,13 @@ def run_one(out: Path, rollout: int, learner: int, steps: int) -> dict:
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rollout", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--learner", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--steps", type=int, default=15)
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
-    args = parser.parse_args()
-    results = []
-    with tempfile.TemporaryDirectory(prefix="scaling-") as tmp:
-        for r in args.rollout:
-            for l in args.learner:
-                results.append(run_one(Path(tmp) / f"r{r}-l{l}", r, l, args.steps))
-                print(f"R={r} L={l}: {results[-1]['samples_per_s']:.1f} samples/s", flush=True)
+def render(result: dict) -> str:
+    """The table, from the published result alone."""
+    results, cores = result["results"], result["cores"]
     base = results[0]["samples_per_s"]
     lines = [
-        f"Scaling on this machine ({os.cpu_count()} cores), default job, {args.steps} steps each (step 0 not timed)",
-        f"(`{' '.join(['bench/scaling.py', *sys.argv[1:]])}`)", "",
+        f"Scaling on this machine ({cores} cores), default job, {result['steps']} steps each (step 0 not timed)",
+        f"(`{' '.join(['bench/scaling.py', *result['argv']])}`)", "",
         "| R rollout | L learner | trained samples/s | vs R=1 L=1 | rollout tokens/s | learner wait | weight sync s/step |",
         "|---|---|---|---|---|---|---|",
     ]
@@ -71,10 +61,29 @@ def main() -> None:
         lines.append(f"| {x['rollout_workers']} | {x['learner_workers']} | {x['samples_per_s']:.1f} | {x['samples_per_s'] / base:.2f}x "
                      f"| {x['tokens_per_s']:.0f} | {100 * x['learner_wait_frac']:.0f} % | {x['weight_sync_s']:.3f} |")
     busiest = max(x["rollout_workers"] + x["learner_workers"] for x in results)
-    if busiest > (os.cpu_count() or 1):
-        lines += ["", f"Note: up to {busiest} worker processes on {os.cpu_count()} cores: these rows measure contention, not scaling."]
-    text = "\n".join(lines) + "\n"
-    publish(args.out, "scaling", text, results)
+    if busiest > (cores or 1):
+        lines += ["", f"Note: up to {busiest} worker processes on {cores} cores: these rows measure contention, not scaling."]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rollout", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--learner", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--steps", type=int, default=15)
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    args = parser.parse_args()
+    start = provenance(sys.argv[1:])
+    results = []
+    with tempfile.TemporaryDirectory(prefix="scaling-") as tmp:
+        for r in args.rollout:
+            for l in args.learner:
+                results.append(run_one(Path(tmp) / f"r{r}-l{l}", r, l, args.steps))
+                print(f"R={r} L={l}: {results[-1]['samples_per_s']:.1f} samples/s", flush=True)
+    for x in results:
+        check_plausible("scaling", x["learner_wait_frac"], 1.0, f"learner waiting fraction at R={x['rollout_workers']} L={x['learner_workers']}")
+    data = {"results": results, "cores": os.cpu_count(), "steps": args.steps, "argv": sys.argv[1:]}
+    publish(args.out, "scaling", "scaling", data, sys.argv[1:], start)
 
 
 if __name__ == "__main__":

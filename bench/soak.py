@@ -27,17 +27,19 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from asyncrl.core.config import load_config  # noqa: E402
-from asyncrl.core.store import read_trajectories  # noqa: E402
-from asyncrl.core.util import pids_named  # noqa: E402
-from results_io import publish  # bench/ is on sys.path when a benchmark runs as a script
+from results_io import check_plausible, provenance, publish  # noqa: E402  (bench/ is on sys.path when a benchmark runs as a script)
 
 
 def rollout_worker_pids() -> list[int]:
+    from asyncrl.core.util import pids_named
+
     return pids_named("ray::RolloutWorker")
 
 
 def soak(out: Path, args: argparse.Namespace) -> dict:
+    from asyncrl.core.config import load_config
+    from asyncrl.core.store import read_trajectories
+
     steps = max(1, int(args.minutes * 60 / args.step_s))
     cmd = [sys.executable, "-m", "asyncrl.run", "--config", "configs/smoke.yaml", f"run.output_dir={out}", f"run.steps={steps}",
            "run.eval=false", f"learner.delay_s={args.step_s}", f"rollout.num_workers={args.workers}", "rollout.max_restarts=1000",
@@ -82,6 +84,17 @@ def _reason_kind(reason: str | None) -> str:
     return reason.split(":")[0][:40]
 
 
+def render(result: dict) -> str:
+    """The table, from the published result alone."""
+    lines = [f"Soak: {result['minutes']} min, {result['steps']} steps, {result['kills']} worker kills, {result['restarts']} restarts",
+             f"(`{' '.join(['bench/soak.py', *result['argv']])}`)", "",
+             f"- samples recorded: {result['recorded']} (admitted: {result['admitted_samples']})",
+             f"- trained: {result['trained']}",
+             f"- **lost silently: {result['lost_silently']}**, recorded twice: {result['recorded_twice']}",
+             "- by status (reason):"] + [f"  - {k}: {v}" for k, v in result["by_status_and_reason"].items()]
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--minutes", type=float, default=10.0)
@@ -91,16 +104,12 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = parser.parse_args()
+    start = provenance(sys.argv[1:])
     with tempfile.TemporaryDirectory(prefix="soak-") as tmp:
         result = soak(Path(tmp) / "run", args)
-    lines = [f"Soak: {result['minutes']} min, {result['steps']} steps, {result['kills']} worker kills, {result['restarts']} restarts",
-             f"(`{' '.join(['bench/soak.py', *sys.argv[1:]])}`)", "",
-             f"- samples recorded: {result['recorded']} (admitted: {result['admitted_samples']})",
-             f"- trained: {result['trained']}",
-             f"- **lost silently: {result['lost_silently']}**, recorded twice: {result['recorded_twice']}",
-             "- by status (reason):"] + [f"  - {k}: {v}" for k, v in result["by_status_and_reason"].items()]
-    text = "\n".join(lines) + "\n"
-    publish(args.out, "soak", text, result)
+    check_plausible("soak", result["trained"], result["recorded"], "samples trained (at most those recorded)")
+    result["argv"] = sys.argv[1:]
+    publish(args.out, "soak", "soak", result, sys.argv[1:], start)
     if result["lost_silently"] or result["recorded_twice"]:
         sys.exit(1)
 

@@ -25,7 +25,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from results_io import publish  # bench/ is on sys.path when a benchmark runs as a script
+from results_io import check_plausible, provenance, publish  # bench/ is on sys.path when a benchmark runs as a script
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIG = "configs/default.yaml"
@@ -85,6 +85,16 @@ def _gain(r: dict) -> str:
     return f"{gain:+.3f} / {gain / se:.1f} SE" if se else f"{gain:+.3f}"
 
 
+def render(result: dict) -> str:
+    """The table, from the published result alone (`args` as published: strings)."""
+    a = result["args"]
+    lr = None if a["lr"] == "None" else float(a["lr"])
+    return (
+        f"Staleness ablation: {a['config']}, {a['steps']} steps, lr {lr or 'of the config'}, learner.delay_s {a['delay']}, seed {a['seed']}\n"
+        f"(`{' '.join(['bench/staleness_ablation.py', *result['argv']])}`)\n\n{table(result['results'])}\n"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--staleness", type=int, nargs="+", default=[0, 2, 8])
@@ -99,17 +109,18 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     parser.add_argument("--name", default="staleness_ablation", help="result file stem")
     args = parser.parse_args()
+    start = provenance(sys.argv[1:])
     results = []
     with tempfile.TemporaryDirectory(prefix="ablation-") as tmp:
         for s in args.staleness:
             for correction in args.corrections:
                 results.append(run_one(Path(tmp) / f"s{s}-{correction}", s, correction, args))
                 print(f"max_staleness={s} correction={correction}: {results[-1]['accuracy_after']:.3f}", flush=True)
-    text = (
-        f"Staleness ablation: {args.config}, {args.steps} steps, lr {args.lr or 'of the config'}, learner.delay_s {args.delay}, seed {args.seed}\n"
-        f"(`{' '.join(['bench/staleness_ablation.py', *sys.argv[1:]])}`)\n\n{table(results)}\n"
-    )
-    publish(args.out, args.name, text, {"args": {k: str(v) for k, v in vars(args).items()}, "results": results})
+    for r in results:
+        for key in ("accuracy_before", "accuracy_after", "kept_frac"):
+            check_plausible("staleness_ablation", r[key], 1.0, f"{key} at max_staleness {r['max_staleness']}, {r['correction']}")
+    data = {"args": {k: str(v) for k, v in vars(args).items()}, "results": results, "argv": sys.argv[1:]}
+    publish(args.out, args.name, "staleness_ablation", data, sys.argv[1:], start)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from results_io import publish  # bench/ is on sys.path when a benchmark runs as a script
+from results_io import check_plausible, provenance, publish  # bench/ is on sys.path when a benchmark runs as a script
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -64,16 +64,10 @@ def probe(config: str, problems: int, k: int, threads: int) -> dict:
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", default="configs/smollm2_word_problems.yaml")
-    parser.add_argument("--problems", type=int, default=40, help="held-out problems to probe (the first N of the eval set)")
-    parser.add_argument("--k", type=int, default=8, help="samples per problem (pass@k)")
-    parser.add_argument("--threads", type=int, default=2)
-    args = parser.parse_args()
-    res = probe(args.config, args.problems, args.k, args.threads)
+def render(res: dict) -> str:
+    """The table, from the published result alone."""
     k = res["k"]
-    table = "\n".join([
+    return "\n".join([
         f"# Task probe: {res['task']} on {res['model']} ({res['problems']} held-out problems, T={res['temperature']}, k={k})", "",
         "| greedy acc | per-sample acc | pass@k | len p50 | p90 | p99 | max | cut at limit | tokens/s |",
         "|---|---|---|---|---|---|---|---|---|",
@@ -81,7 +75,20 @@ def main() -> None:
         f"{res['len_p99']} | {res['len_max']} | {res['truncated_frac']:.1%} | {res['tokens_per_s']:.0f} |", "",
         f"`.venv/bin/python bench/task_probe.py --config {res['config']} --problems {res['problems']} --k {k}`", "",
     ])
-    publish(ROOT / "bench/results", "task_probe", table, res)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default="configs/smollm2_word_problems.yaml")
+    parser.add_argument("--problems", type=int, default=40, help="held-out problems to probe (the first N of the eval set)")
+    parser.add_argument("--k", type=int, default=8, help="samples per problem (pass@k)")
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    start = provenance(sys.argv[1:])
+    res = probe(args.config, args.problems, args.k, args.threads)
+    for key in ("greedy_accuracy", "sample_accuracy", f"pass@{res['k']}", "truncated_frac"):
+        check_plausible("task_probe", res[key], 1.0, key)
+    publish(ROOT / "bench/results", "task_probe", "task_probe", res, sys.argv[1:], start)
 
 
 if __name__ == "__main__":

@@ -75,13 +75,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from results_io import lengths_text, publish  # noqa: E402  (bench/ is on sys.path when a benchmark runs as a script)
+from results_io import check_plausible, lengths_text, provenance, publish  # noqa: E402  (bench/ is on sys.path when a benchmark runs as a script)
 
 TRL_VENV = ROOT / "bench" / ".venv-trl"
 TRL_REQUIREMENTS = ROOT / "bench" / "trl_requirements.txt"
 TRL_VLLM_VENV = ROOT / "bench" / ".venv-trl-vllm"  # --vllm only
 TRL_VLLM_REQUIREMENTS = ROOT / "bench" / "trl_vllm_requirements.txt"
 SENSITIVITY = (-0.10, -0.05, 0.0, 0.05, 0.10)  # thresholds reported besides --threshold, relative to it
+TRL_NAMES = {"trl": "TRL GRPOTrainer", "trl_vllm": "TRL + vLLM colocate"}  # a TRL run's key in the JSON -> its column
 
 
 # ----------------------------------------------------------------------------- pure logic (tested)
@@ -352,12 +353,11 @@ def job_line(cfg) -> str:
             f"T {r.temperature:g}, max_new_tokens {r.max_new_tokens}, {tuning}")
 
 
-def table(args: argparse.Namespace, mach: dict, sides: dict[str, dict], rs: dict[str, dict]) -> str:
-    """`sides`: name -> run, asyncrl's first; `rs`: name of a TRL side -> ratios of asyncrl over it."""
-    from asyncrl.core.config import load_config
-
-    cfg = load_config(args.config)
-    n_eval = cfg.task.eval_size
+def render(result: dict) -> str:
+    """The table, from the published result alone: its sides are asyncrl and the TRL runs present (TRL_NAMES)."""
+    threshold, mach, n_eval = result["threshold"], result["machine"], result["eval_size"]
+    sides = {"asyncrl": result["asyncrl"], **{TRL_NAMES[k]: result[k] for k in TRL_NAMES if k in result}}
+    rs = {TRL_NAMES[k]: r for k, r in result["ratios_asyncrl_over"].items()}
     names = list(sides)
     a = sides[names[0]]
     trl_version = next(s["versions"]["trl"] for n, s in sides.items() if "versions" in s)
@@ -366,12 +366,13 @@ def table(args: argparse.Namespace, mach: dict, sides: dict[str, dict], rs: dict
         return " | ".join(f(sides[n], sides[n]["points"][-1]) for n in names)
 
     def hit(side: dict, _last: dict) -> str:
-        return fmt_s(time_to_threshold(side["points"], args.threshold), side["points"][-1]["step"])
+        return fmt_s(time_to_threshold(side["points"], threshold), side["points"][-1]["step"])
 
     lines = [
-        f"asyncrl vs TRL GRPOTrainer {trl_version}, `{args.config.name}` ({job_line(cfg)}), {args.steps} steps, snapshots every {args.save_every} steps, threshold {args.threshold:.2f}, "
-        f"TRL on {args.trl_threads} torch thread(s) (`bench/vs_trl.py {' '.join(sys.argv[1:])}`)",
-        f"{datetime.date.today().isoformat()}, {mach['nproc']} cores ({mach['cpu_model']}), "
+        f"asyncrl vs TRL GRPOTrainer {trl_version}, `{Path(result['config']).name}` ({result['job']}), {result['steps']} steps, "
+        f"snapshots every {result['save_every']} steps, threshold {threshold:.2f}, "
+        f"TRL on {result['trl_threads']} torch thread(s) (`bench/vs_trl.py {' '.join(result['argv'])}`)",
+        f"{result['date']}, {mach['nproc']} cores ({mach['cpu_model']}), "
         f"load average at start {mach['load_avg_1m_at_start']}",
         "",
         f"| | {' | '.join(names)} |",
@@ -379,7 +380,7 @@ def table(args: argparse.Namespace, mach: dict, sides: dict[str, dict], rs: dict
         f"| steps (samples trained) | {cells(lambda s, last: '%d (%d)' % (last['step'], last['samples']))} |",
         f"| training seconds | {cells(lambda s, last: '%.1f' % last['train_s'])} |",
         f"| trained samples/s | {cells(lambda s, last: '%.1f' % samples_per_s(s['points']))} |",
-        f"| seconds to accuracy ≥ {args.threshold:.2f} | {cells(hit)} |",
+        f"| seconds to accuracy ≥ {threshold:.2f} | {cells(hit)} |",
         f"| accuracy at step 0 → final | {cells(lambda s, last: '%.3f → %.3f' % (s['points'][0]['accuracy'], last['accuracy']))} |",
         f"| response lengths (all samples) | {cells(lambda s, last: lengths_cell(s.get('response_lengths')))} |",
         f"| median step seconds (step 0) | {cells(lambda s, last: '%.3f (%.2f)' % (statistics.median(s['step_s']), s['step_s'][0]))} |",
@@ -388,7 +389,7 @@ def table(args: argparse.Namespace, mach: dict, sides: dict[str, dict], rs: dict
     ]
     for name, r in rs.items():
         faster = f"**{r['time_to_threshold']:.2f}x**" if r["time_to_threshold"] else "n/a (not reached by both)"
-        lines.append(f"asyncrl / {name}: time to {args.threshold:.2f} {faster} faster (its seconds / asyncrl's); "
+        lines.append(f"asyncrl / {name}: time to {threshold:.2f} {faster} faster (its seconds / asyncrl's); "
                      f"trained samples/s **{r['samples_per_s']:.2f}x**.  ")
     lines += [
         "",
@@ -397,7 +398,7 @@ def table(args: argparse.Namespace, mach: dict, sides: dict[str, dict], rs: dict
         f"| threshold | {' | '.join(names)} | " + " | ".join(f"asyncrl / {n}" for n in rs) + " |",
         "|---|" + "---|" * (len(names) + len(rs)),
     ]
-    for level in (args.threshold + d for d in SENSITIVITY):
+    for level in (threshold + d for d in SENSITIVITY):
         got = [fmt_s(time_to_threshold(sides[n]["points"], level), sides[n]["points"][-1]["step"]) for n in names]
         rel = [ratios(a["points"], sides[n]["points"], level)["time_to_threshold"] for n in rs]
         lines.append(f"| {level:.2f} | {' | '.join(got)} | " + " | ".join(f"{r:.2f}x" if r else "–" for r in rel) + " |")
@@ -462,6 +463,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.steps < 1 or args.save_every < 1:
         parser.error("--steps and --save-every must be >= 1")
+    start = provenance(sys.argv[1:])
     mach = machine()
     install_s = {"trl": ensure_venv(TRL_VENV, TRL_REQUIREMENTS)}
     if args.vllm:
@@ -469,9 +471,12 @@ def main() -> None:
     for name, seconds in install_s.items():
         state = f"installed in {seconds:.0f} s (set-up, not measured)" if seconds else "already installed"
         print(f"vs_trl: {name} environment {state}", flush=True)
+    from asyncrl.core.config import load_config
+
+    cfg = load_config(args.config)
     model = model_path(args.config)
     t_start = time.perf_counter()
-    trl_names = {"trl": "TRL GRPOTrainer", **({"trl_vllm": "TRL + vLLM colocate"} if args.vllm else {})}
+    trl_names = {k: v for k, v in TRL_NAMES.items() if k == "trl" or args.vllm}
     if args.reuse and not args.keep:
         parser.error("--reuse needs --keep DIR (the runs to report)")
     with tempfile.TemporaryDirectory(prefix="vs-trl-") as tmp:
@@ -494,15 +499,16 @@ def main() -> None:
         print(f"vs_trl: evaluating {sum(len(r['points']) for r in runs.values())} snapshots ...", flush=True)
         eval_s = evaluate(args.config, model, [r["points"] for r in runs.values()])
     rs = {trl_names[k]: ratios(runs["asyncrl"]["points"], runs[k]["points"], args.threshold) for k in trl_names}
-    text = table(args, mach, {"asyncrl": runs["asyncrl"], **{trl_names[k]: runs[k] for k in trl_names}}, rs)
     for run in runs.values():
         for p in run["points"]:
             p.pop("path", None)
+            check_plausible("vs_trl", p["accuracy"], 1.0, f"held-out accuracy at step {p['step']}")
         run.update(samples_per_s=samples_per_s(run["points"]), time_to_threshold=time_to_threshold(run["points"], args.threshold))
     data = {
         "command": f"bench/vs_trl.py {' '.join(sys.argv[1:])}".strip(), "date": datetime.date.today().isoformat(),
         "config": str(args.config), "machine": mach, "steps": args.steps, "save_every": args.save_every, "threshold": args.threshold,
-        "trl_threads": args.trl_threads, "install_s": install_s, "eval_s": eval_s,
+        "trl_threads": args.trl_threads, "install_s": install_s, "eval_s": eval_s, "argv": sys.argv[1:],
+        "job": job_line(cfg), "eval_size": cfg.task.eval_size,
         "total_s_excluding_install": time.perf_counter() - t_start,
         **runs, "ratios_asyncrl_over": {k: rs[trl_names[k]] for k in trl_names},
         "time_to_threshold_ratio_sensitivity": {
@@ -512,7 +518,7 @@ def main() -> None:
     }
     default = args.config.resolve() == (ROOT / "configs" / "default.yaml").resolve()
     name = "vs_trl" if default else f"vs_trl_{args.config.stem}"
-    publish(args.out, name, text, data)
+    publish(args.out, name, "vs_trl", data, sys.argv[1:], start)
     plot_curves({"asyncrl": runs["asyncrl"]["points"], **{trl_names[k]: runs[k]["points"] for k in trl_names}},
                 args.threshold, f"{args.config.name}: held-out greedy accuracy", args.out / f"{name}.png")
 

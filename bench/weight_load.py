@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from results_io import publish  # bench/ is on sys.path when a benchmark runs as a script
+from results_io import provenance, publish  # bench/ is on sys.path when a benchmark runs as a script
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -48,12 +48,31 @@ def update_sets(cfg, model_path: str) -> dict[str, list]:
     return sets
 
 
+def render(result: dict) -> str:
+    """The table, from the published result alone."""
+    rows = []
+    for label, d in result["sets"].items():
+        before, after = statistics.median(d["reload_weights_s"]), statistics.median(d["reload_units_s"])
+        rows.append(f"| {label}, {d['bytes'] / 1e6:.0f} MB | {before * 1e3:.0f} ms | {after * 1e3:.0f} ms | "
+                    f"**{before / after:.2f}x** | {d['logprob_gap_between_methods']:.1e} | {d['logprob_change_from_initial']:.1e} |")
+    return "\n".join([
+        f"The engine's weight load, `{Path(result['config']).name}` ({result['model']}, {result['dtype']}), one core, median of "
+        f"{result['repeats']} (`bench/weight_load.py {' '.join(result['argv'])}`)",
+        "",
+        "| update | vLLM `reload_weights` (before) | `reload_units` (after) | speedup | log-prob gap between the two | "
+        "log-prob change from the initial weights |",
+        "|---|---|---|---|---|---|",
+        *rows,
+    ]) + "\n"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", type=Path, default=ROOT / "configs" / "default.yaml")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = parser.parse_args()
+    start = provenance(sys.argv[1:])
     import torch
 
     from asyncrl.actors.engine import VLLMEngine
@@ -79,7 +98,8 @@ def main() -> None:
         engine.engine.reset_prefix_cache()
         return seconds
 
-    rows, data = [], {"config": str(args.config), "model": cfg.model.path, "repeats": args.repeats, "sets": {}}
+    data = {"config": str(args.config), "model": cfg.model.path, "dtype": cfg.model.dtype, "repeats": args.repeats, "sets": {},
+            "argv": sys.argv[1:]}
     for label, weights in update_sets(cfg, path).items():
         nbytes = sum(t.numel() * t.element_size() for _, t in weights)
         times: dict[bool, list[float]] = {False: [], True: []}
@@ -88,24 +108,12 @@ def main() -> None:
             for scoped in (False, True):
                 times[scoped].append(load(weights, scoped))
                 logprobs[scoped] = engine.sequence_logprobs(probe, 1.0)
-        before, after = (statistics.median(times[s][1:]) for s in (False, True))
         gap = max(abs(a - b) for a, b in zip(logprobs[False], logprobs[True]))
         moved = max(abs(a - b) for a, b in zip(logprobs[True], initial))
         data["sets"][label] = {"bytes": nbytes, "reload_weights_s": times[False][1:], "reload_units_s": times[True][1:],
                                "logprob_gap_between_methods": gap, "logprob_change_from_initial": moved}
-        rows.append(f"| {label}, {nbytes / 1e6:.0f} MB | {before * 1e3:.0f} ms | {after * 1e3:.0f} ms | "
-                    f"**{before / after:.2f}x** | {gap:.1e} | {moved:.1e} |")
-    text = "\n".join([
-        f"The engine's weight load, `{args.config.name}` ({cfg.model.path}, {cfg.model.dtype}), one core, median of "
-        f"{args.repeats} (`bench/weight_load.py {' '.join(sys.argv[1:])}`)",
-        "",
-        "| update | vLLM `reload_weights` (before) | `reload_units` (after) | speedup | log-prob gap between the two | "
-        "log-prob change from the initial weights |",
-        "|---|---|---|---|---|---|",
-        *rows,
-    ]) + "\n"
     default = args.config.resolve() == (ROOT / "configs" / "default.yaml").resolve()
-    publish(args.out, "weight_load" if default else f"weight_load_{args.config.stem}", text, data)
+    publish(args.out, "weight_load" if default else f"weight_load_{args.config.stem}", "weight_load", data, sys.argv[1:], start)
 
 
 if __name__ == "__main__":

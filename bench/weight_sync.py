@@ -23,13 +23,14 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-import torch.multiprocessing as mp
-from results_io import publish  # bench/ is on sys.path when a benchmark runs as a script
+from results_io import provenance, publish  # bench/ is on sys.path when a benchmark runs as a script
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+if TYPE_CHECKING:
+    import torch  # imported where used: `render` (bench/tables.py) must not need it
 
 # Qwen2-0.5B's shape (random weights: only the bytes matter); built on the meta device and materialised with
 # to_empty, which unties lm_head from the embedding, so 630 M parameters travel instead of 494 M
@@ -40,6 +41,7 @@ SIZES = {
 
 
 def build_params(size: str) -> list[tuple[str, torch.Tensor]]:
+    import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     from asyncrl.core.models.tiny import TinySpec, build_model, build_tokenizer
@@ -55,6 +57,8 @@ def build_params(size: str) -> list[tuple[str, torch.Tensor]]:
 
 
 def worker(rank: int, port: int, size: str, bucket_mb: float, repeats: int, out: dict) -> None:
+    import torch
+
     from asyncrl.core.weights import WeightReceiver, WeightSender, _broadcast, flatten_into_buckets, init_group, plan_buckets, tensor_meta
 
     torch.set_num_threads(1)
@@ -93,12 +97,29 @@ def worker(rank: int, port: int, size: str, bucket_mb: float, repeats: int, out:
 
 
 def measure(size: str, bucket_mb: float, repeats: int) -> dict:
+    import torch.multiprocessing as mp
+
     from asyncrl.core.weights import free_port
 
     with mp.Manager() as manager:
         out = manager.dict()
         mp.spawn(worker, args=(free_port(), size, bucket_mb, repeats, out), nprocs=2, join=True)
         return dict(out)
+
+
+def render(result: dict) -> str:
+    """The table, from the published result alone."""
+    repeats = result["repeats"]
+    lines = [f"Weight sync over gloo between two processes on this machine, bucket {result['bucket_mb']:g} MB, median of "
+             f"{repeats or '50 (tiny) / 5 (0.5b)'} syncs, after a shared barrier",
+             f"(`bench/weight_sync.py {' '.join(result['argv'])}`)", "",
+             "| model | parameters | bytes | buckets | asyncrl send+receive | raw broadcast | asyncrl GB/s | raw GB/s | ratio | learner blocked |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in result["results"]:
+        lines.append(f"| {r['size']} | {r['params'] / 1e6:.1f} M | {r['bytes'] / 2**20:.1f} MiB | {r['buckets']} | {r['asyncrl_s'] * 1e3:.1f} ms "
+                     f"| {r['raw_s'] * 1e3:.1f} ms | {r['bytes'] / r['asyncrl_s'] / 1e9:.2f} | {r['bytes'] / r['raw_s'] / 1e9:.2f} "
+                     f"| {r['raw_s'] / r['asyncrl_s']:.2f} | {r['blocked_s'] * 1e3:.1f} ms |")
+    return "\n".join(lines) + "\n"
 
 
 def main() -> None:
@@ -108,18 +129,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, help="syncs per size (default: 50 for tiny, where a sync takes ms, 5 for 0.5b)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = parser.parse_args()
+    start = provenance(sys.argv[1:])
     results = [measure(size, args.bucket_mb, args.repeats or (50 if size == "tiny" else 5)) for size in args.sizes]
-    lines = [f"Weight sync over gloo between two processes on this machine, bucket {args.bucket_mb:g} MB, median of "
-             f"{args.repeats or '50 (tiny) / 5 (0.5b)'} syncs, after a shared barrier",
-             f"(`bench/weight_sync.py {' '.join(sys.argv[1:])}`)", "",
-             "| model | parameters | bytes | buckets | asyncrl send+receive | raw broadcast | asyncrl GB/s | raw GB/s | ratio | learner blocked |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    for r in results:
-        lines.append(f"| {r['size']} | {r['params'] / 1e6:.1f} M | {r['bytes'] / 2**20:.1f} MiB | {r['buckets']} | {r['asyncrl_s'] * 1e3:.1f} ms "
-                     f"| {r['raw_s'] * 1e3:.1f} ms | {r['bytes'] / r['asyncrl_s'] / 1e9:.2f} | {r['bytes'] / r['raw_s'] / 1e9:.2f} "
-                     f"| {r['raw_s'] / r['asyncrl_s']:.2f} | {r['blocked_s'] * 1e3:.1f} ms |")
-    text = "\n".join(lines) + "\n"
-    publish(args.out, "weight_sync", text, results)
+    data = {"results": results, "bucket_mb": args.bucket_mb, "repeats": args.repeats, "argv": sys.argv[1:]}
+    publish(args.out, "weight_sync", "weight_sync", data, sys.argv[1:], start)
 
 
 if __name__ == "__main__":

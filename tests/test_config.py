@@ -103,3 +103,34 @@ def test_cli_names_bad_plugins_and_model_paths_before_ray(override, message, tmp
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / "r").exists()  # nothing written for a run that never started
+
+
+def test_a_config_file_starts_from_its_base(tmp_path):
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "base.yaml").write_text("rollout: {group_size: 4, cpu_affinity: [0], temperature: 0.5}\nlearner: {batch_size: 8}\n")
+    (tmp_path / "sub" / "top.yaml").write_text("base: ../base.yaml\nrollout: {cpu_affinity: [], temperature: 0.9}\n")
+    cfg = load_config(tmp_path / "sub" / "top.yaml", ["learner.batch_size=16"])
+    assert (cfg.rollout.group_size, cfg.rollout.cpu_affinity, cfg.rollout.temperature) == (4, [], 0.9)  # the base's, laid over
+    assert cfg.learner.batch_size == 16  # overrides last
+
+
+def test_a_missing_or_circular_base_is_named(tmp_path):
+    (tmp_path / "a.yaml").write_text("base: b.yaml\n")
+    with pytest.raises(ValueError, match=r"base.*file not found: .*b\.yaml \(the base of .*a\.yaml\)"):
+        load_config(tmp_path / "a.yaml")
+    (tmp_path / "b.yaml").write_text("base: a.yaml\n")
+    with pytest.raises(ValueError, match="its bases lead back to"):
+        load_config(tmp_path / "a.yaml")
+
+
+def test_the_synchronous_baseline_is_the_async_recipe_run_in_turns():
+    """configs/smollm2_word_problems_sync.yaml changes only how the work is scheduled: same model, task, sampling,
+    algorithm and optimizer updates of the same size."""
+    asyn = load_config(ROOT / "configs" / "smollm2_word_problems.yaml").to_dict()
+    sync = load_config(ROOT / "configs" / "smollm2_word_problems_sync.yaml").to_dict()
+    changed = {(section, key) for section in sync for key in sync[section] if sync[section][key] != asyn[section][key]}
+    assert changed == {("rollout", "cpu_affinity"), ("rollout", "torch_threads"),
+                       ("buffer", "max_staleness"), ("learner", "batch_size"), ("learner", "mini_batches"),
+                       ("learner", "cpu_affinity"), ("learner", "torch_threads"), ("run", "output_dir")}
+    assert sync["learner"]["batch_size"] // sync["learner"]["mini_batches"] == asyn["learner"]["batch_size"]  # update size
+    assert sync["rollout"]["max_inflight_groups"] * sync["rollout"]["group_size"] == sync["learner"]["batch_size"]

@@ -149,6 +149,8 @@ class RolloutConfig(_Section):
     """Ray GPUs reserved per rollout actor."""
     cpu_affinity: list[int] = Field(default_factory=list)
     """Cores to pin each rollout actor to (empty: no pinning)."""
+    torch_threads: int = Field(1, ge=1)
+    """Intra-op threads of each engine's torch on the CPU (the model's forward passes), set before the engine starts: 2 lets a vLLM engine that has two cores use both (measured on SmolLM2: 125 against 76 tokens/s). Ignored on GPUs."""
     resources: dict[str, float] = Field(default_factory=dict)
     """Custom Ray resources each rollout actor needs (e.g. {rollout_node: 1}, a label given to `ray start --resources`)."""
     weight_update: Literal["keep", "abort", "drain", "resume"] = "keep"
@@ -636,13 +638,29 @@ def resolve_auto_dtype(cfg: Config) -> str:
 
 def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Config:
     """YAML file (optional) + dotted overrides -> a validated Config."""
-    data: dict[str, Any] = {}
-    if path is not None:
-        path = Path(path)
-        _check(path.is_file(), "--config", f"file not found: {path}")
-        loaded = yaml.safe_load(path.read_text()) or {}
-        _check(isinstance(loaded, dict), "--config", f"{path} must hold a mapping")
-        data = loaded
+    data: dict[str, Any] = read_config_file(Path(path)) if path is not None else {}
     for text in overrides:
         _set_dotted(data, *parse_override(text))
     return config_from_dict(data)
+
+
+def read_config_file(path: Path, inside: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """A config file's mapping. A file may start from another (`base: other.yaml`, relative to the file): the
+    base's mapping with this file's keys laid over it, section by section (a list or value replaces the base's)."""
+    _check(path.is_file(), "--config" if not inside else "base", f"file not found: {path}" + (f" (the base of {inside[-1]})" if inside else ""))
+    loaded = yaml.safe_load(path.read_text()) or {}
+    _check(isinstance(loaded, dict), "--config", f"{path} must hold a mapping")
+    base = loaded.pop("base", None)
+    if base is None:
+        return loaded
+    _check(isinstance(base, str) and base != "", "base", f"{path}: base must name another config file, got {base!r}")
+    base_path = (path.parent / base).resolve()
+    _check(base_path not in inside + (path.resolve(),), "base", f"{path}: its bases lead back to {base_path}")
+    return _laid_over(read_config_file(base_path, inside + (path.resolve(),)), loaded)
+
+
+def _laid_over(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in top.items():
+        merged[key] = _laid_over(merged[key], value) if isinstance(value, dict) and isinstance(merged.get(key), dict) else value
+    return merged
