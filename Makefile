@@ -82,7 +82,7 @@ bench: $(STAMP) $(SGLANG_STAMP)
 SMOL := --config configs/smollm2_word_problems.yaml
 bench-smollm2: $(STAMP) $(SGLANG_STAMP)
 	@start=$$(date +%s); \
-	for b in "weight_load.py $(SMOL)" "overlap.py $(SMOL) --steps 8" "vs_trl.py $(SMOL) --steps 60 --save-every 10 --threshold 0.40"; do \
+	for b in "weight_load.py $(SMOL)" "overlap.py $(SMOL) --samples 192" "vs_trl.py $(SMOL) --steps 60 --save-every 10 --threshold 0.40"; do \
 		t0=$$(date +%s); $(PY) bench/$$b || exit 1; echo "make bench-smollm2: bench/$$b took $$(( $$(date +%s) - t0 )) s"; \
 	done; \
 	echo "make bench-smollm2: all took $$(( $$(date +%s) - start )) s"

@@ -70,6 +70,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -443,6 +444,20 @@ def plot_curves(sides: dict[str, list[dict]], threshold: float, title: str, path
     fig.savefig(path, dpi=110)
 
 
+def stamp(work: Path, names: list[str]) -> None:
+    """Mark the runs of one invocation with one id, so that `--reuse` never reports a ratio of runs made apart."""
+    token = uuid.uuid4().hex
+    for name in names:
+        (work / name / "invocation").write_text(token)
+
+
+def same_invocation(work: Path, names: list[str]) -> None:
+    """Exit (non-zero) unless every run in `work` was made by one invocation of this benchmark."""
+    tokens = {name: (work / name / "invocation").read_text() if (work / name / "invocation").is_file() else None for name in names}
+    if None in tokens.values() or len(set(tokens.values())) != 1:
+        raise SystemExit(f"vs_trl: the runs in {work} did not come from one invocation ({tokens}): no ratio of them is reported")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", type=Path, default=ROOT / "configs" / "default.yaml", help="the asyncrl job both sides run")
@@ -483,6 +498,7 @@ def main() -> None:
         work = args.keep or Path(tmp)
         if args.reuse:
             print(f"vs_trl: reusing the runs in {work} (nothing is run)", flush=True)
+            same_invocation(work, ["asyncrl", *trl_names])
             cmd = shlex.join(asyncrl_command(args.config, work / "asyncrl", args.steps, args.save_every)[1:])
             runs = {"asyncrl": collect_asyncrl(work / "asyncrl", args.steps, args.save_every, cmd, None)}
             runs.update({k: collect_trl(work / k, "(reused)", None) for k in trl_names})
@@ -496,6 +512,7 @@ def main() -> None:
                 print(f"vs_trl: {name}, {args.steps} steps ...", flush=True)
                 runs[key] = run_trl(args.config, work / key, model, args.steps, args.save_every, threads=args.trl_threads,
                                     vllm=key == "trl_vllm", max_minutes=args.trl_max_minutes)
+            stamp(work, ["asyncrl", *trl_names])
         print(f"vs_trl: evaluating {sum(len(r['points']) for r in runs.values())} snapshots ...", flush=True)
         eval_s = evaluate(args.config, model, [r["points"] for r in runs.values()])
     rs = {trl_names[k]: ratios(runs["asyncrl"]["points"], runs[k]["points"], args.threshold) for k in trl_names}

@@ -193,6 +193,12 @@ def test_synchronous_mode_publishing_every_two_steps(tiny_model_dir, tmp_path):
     # steps 0-1 train at version 0, steps 2-3 at version 1 (published after step 1)
     assert {(r["consumed_step"], r["consumed_version"]) for r in consumed} == {(0, 0), (1, 0), (2, 1), (3, 1)}
     assert [m["policy_version"] for m in metrics_of(tmp_path)] == [0, 1, 1, 2]
+    # strictly synchronous: no sample was generated under weights the learner had already left behind
+    assert not [r for r in rows if r["status"] == "dropped_stale"]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["samples"]["dropped_stale"] == 0
+    # a waiting worker's admission waits in the buffer (about one call a second), it does not poll every few ms
+    assert summary["samples"]["refused_admissions"] <= summary["wall_s"] + 4 * 4, summary["samples"]
 
 
 def test_user_algorithm_by_dotted_path_trains(tiny_model_dir, tmp_path):

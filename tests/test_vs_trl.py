@@ -161,3 +161,15 @@ def test_trl_snapshots_stop_past_the_budget_and_leave_their_clock(trl_grpo, vs_t
     side = vs_trl.collect_trl(tmp_path, "cmd", None)  # no timeline.json: a run stopped from outside
     assert not side["finished"] and [p["step"] for p in side["points"]] == [0, 3]
     assert side["versions"]["trl"].endswith("(pinned)") and len(side["step_s"]) == 1
+
+
+def test_reuse_refuses_runs_made_apart(vs_trl, tmp_path):
+    for name in ("asyncrl", "trl"):
+        (tmp_path / name).mkdir()
+    with pytest.raises(SystemExit, match="did not come from one invocation"):
+        vs_trl.same_invocation(tmp_path, ["asyncrl", "trl"])  # never stamped
+    vs_trl.stamp(tmp_path, ["asyncrl", "trl"])
+    vs_trl.same_invocation(tmp_path, ["asyncrl", "trl"])
+    (tmp_path / "trl" / "invocation").write_text("another run")  # one side rerun alone
+    with pytest.raises(SystemExit, match="did not come from one invocation"):
+        vs_trl.same_invocation(tmp_path, ["asyncrl", "trl"])

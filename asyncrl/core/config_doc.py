@@ -25,7 +25,9 @@ INTRO = f"""# Configuration reference
 A run is configured by a YAML file (`--config configs/default.yaml`) and dotted overrides on the command line
 (`learner.lr=1e-5`, `rollout.resources={{rollout_node: 1}}`); a key the file and the overrides leave out gets
 the default below. `asyncrl run --help` lists the same keys; `asyncrl run --print-config` prints the resolved
-config of a command line.
+config of a command line. A file may start from another: `base: other.yaml` (relative to the file) takes that
+file's keys and lays this file's over them, section by section (a list or a value replaces the base's); the
+synchronous baselines `configs/*_sync.yaml` are written so.
 
 The config is validated when it is loaded, before any actor starts: an unknown key, a value of the wrong type
 (strict: an int is taken for a float, nothing else is converted), a value outside a key's options or bounds,

@@ -1,0 +1,38 @@
+"""bench/engine_factors.py's table from a synthetic record: no engine, no model."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+sys.path.insert(0, str(BENCH))  # engine_factors imports results_io as a sibling, as when run as a script
+import engine_factors  # noqa: E402
+
+
+def _run(repeat: int, rate: float) -> dict:
+    return {"repeat": repeat, "position": 0, "tokens": int(rate * 2), "wall_s": 2.0, "tokens_per_s": rate, "steps": 10,
+            "running_mean": 64.0, "reloads": 3, "reload_s": 0.1}
+
+
+def _data() -> dict:
+    rates = {"alone": (100.0, 200.0), "group slots": (90.0, 160.0), "priority scheduling": (100.0, 200.0),
+             "weight reloads": (80.0, 180.0), "learner load": (50.0, 150.0), "as asyncrl drives it": (40.0, 60.0)}
+    rows = [{"name": name, "factors": {**engine_factors.ALONE, **f}, "runs": [_run(k, r) for k, r in enumerate(rates[name])]}
+            for name, f in engine_factors.ROWS]
+    return {"config": "configs/default.yaml", "model": "tiny", "groups": 4, "group_size": 8, "max_inflight_groups": 16,
+            "max_new_tokens": 8, "repeats": 2, "reload_every_s": 0.5, "reload_tensors": 12, "reload_bytes": 2_000_000,
+            "rollout_cores": [0], "learner_cores": [1], "learner_load_shape": [64, 24], "rows": rows}
+
+
+def test_render_every_row_and_its_ratio_to_alone():
+    text = engine_factors.render(json.loads(json.dumps(_data())))  # as rendered from the published JSON
+    lines = {line.split(" | ")[0].lstrip("| "): line for line in text.splitlines() if line.startswith("| ")}
+    assert set(lines) >= {name for name, _ in engine_factors.ROWS}
+    # ratio: per repeat against "alone" of the same repeat, median (min-max)
+    assert lines["alone"].endswith("| **1.00 (1.00-1.00)** |")
+    assert lines["group slots"].endswith("| **0.85 (0.80-0.90)** |")
+    assert lines["learner load"].endswith("| **0.62 (0.50-0.75)** |")
+    assert lines["as asyncrl drives it"].endswith("| **0.35 (0.30-0.40)** |")
+    assert "| 150.0 (100.0-200.0) |" in lines["alone"]
+    assert "| group | priority | yes | yes |" in lines["as asyncrl drives it"]
