@@ -146,8 +146,7 @@ second while the worker waits, instead of one every few milliseconds."""
 
 IDLE_WAIT_S = 0.005
 """With nothing to run, how long the loop waits for an admission answer before it looks at its queues again: a
-weight update, a validation or a tool's outcome waits at most this long to be taken (at 0.02 a sync on the tiny
-job's learner path grew from 3 to 9 ms: the next publish settles the previous load)."""
+weight update, a validation or a tool's outcome waits at most this long to be taken."""
 
 REWARD_THREADS = 4
 """Threads per worker for reward calls; a timed-out call holds one until it returns (see RewardRunner)."""
