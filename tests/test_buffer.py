@@ -135,6 +135,14 @@ def test_batches_take_the_oldest_groups_first_or_in_arrival_order(tmp_path):
     assert run(scenario(False)) == ["new", "old", "mid", "new2"]
 
 
+async def held(buf, requested: int, worker: int):
+    """An admission call that the buffer holds (it cannot grant it yet): still waiting after 50 ms."""
+    waiting = asyncio.create_task(buf.admit(requested, worker, worker_version=0, wait_s=5.0))
+    await asyncio.sleep(0.05)
+    assert not waiting.done()
+    return waiting
+
+
 def test_a_worker_behind_the_bound_waits_for_its_new_weights(tmp_path):
     """max_staleness=0: a worker still holding version 0 once version 1 is published is not admitted (what it started
     would be stale when trained on) until it says it loaded version 1; the call waits for that instead of refusing."""
@@ -146,9 +154,7 @@ def test_a_worker_behind_the_bound_waits_for_its_new_weights(tmp_path):
         assert len(await buf.get_batch(2, version=0, step=0, timeout_s=1.0)) == 4
         await buf.set_version(1)
         assert await buf.admit(2, 0, worker_version=0, wait_s=0.05) == 0  # behind: times out with nothing
-        waiting = asyncio.create_task(buf.admit(2, 0, worker_version=0, wait_s=5.0))
-        await asyncio.sleep(0.05)
-        assert not waiting.done()
+        waiting = await held(buf, 2, 0)
         await buf.loaded(0, 1)
         return await asyncio.wait_for(waiting, 1.0), buf.counts
     admitted, counts = run(scenario())
@@ -159,9 +165,7 @@ def test_an_admission_waits_for_room_and_is_answered_when_it_comes(tmp_path):
     async def scenario():
         buf = make(tmp_path, "buffer.max_staleness=0")
         assert await buf.admit(5, 0, worker_version=0) == 2
-        waiting = asyncio.create_task(buf.admit(5, 0, worker_version=0, wait_s=5.0))
-        await asyncio.sleep(0.05)
-        assert not waiting.done()  # full: held, not refused
+        waiting = await held(buf, 5, 0)  # full: held, not refused
         await buf.put(group("bad", 0, status="dropped_error"))  # frees one admission
         first = await asyncio.wait_for(waiting, 1.0)
         t0 = asyncio.get_running_loop().time()
@@ -176,8 +180,7 @@ def test_a_dead_workers_waiting_admission_admits_nothing(tmp_path):
     async def scenario():
         buf = make(tmp_path, "buffer.max_staleness=0")
         assert await buf.admit(2, 3, worker_version=0) == 2
-        waiting = asyncio.create_task(buf.admit(2, 3, worker_version=0, wait_s=5.0))
-        await asyncio.sleep(0.05)
+        waiting = await held(buf, 2, 3)
         assert await buf.forfeit(3, "r", 2, "worker died") == 2  # frees both admissions: the waiting call must not take them
         late = await asyncio.wait_for(waiting, 1.0)
         return late, buf.live, await buf.admit(2, 3, worker_version=0)  # the replacement is admitted
