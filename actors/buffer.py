@@ -58,7 +58,7 @@ class ReplayBuffer:
         deadline = time.monotonic() + wait_s
         async with self.changed:
             while True:
-                if self.epochs.get(worker_id, 0) != epoch:  # the worker was declared dead while this call waited
+                if self.epochs.get(worker_id, 0) != epoch:  # the worker stopped or was declared dead meanwhile
                     return 0
                 n = admissible(requested, self.live, self.outstanding, self.version, self.max_staleness, self.groups_per_version,
                                self.capacity, self.worker_versions.get(worker_id))
@@ -79,6 +79,12 @@ class ReplayBuffer:
     async def loaded(self, worker_id: int, version: int) -> None:
         """Worker `worker_id`'s engine now holds `version` (its admission call may be waiting for it)."""
         self.worker_versions[worker_id] = version
+        await self._notify()
+
+    async def release(self, worker_id: int) -> None:
+        """Worker `worker_id` stopped: an admission call it left waiting answers now, admitting nothing (instead of
+        holding the worker's stop until its wait runs out)."""
+        self.epochs[worker_id] = self.epochs.get(worker_id, 0) + 1
         await self._notify()
 
     async def set_version(self, version: int) -> None:

@@ -249,6 +249,7 @@ class RolloutWorker:
             self.thread.join()
             self.thread = None
         if self.admission is not None:  # groups admitted as the loop stopped: started and recorded as aborted with the rest
+            self.buffer.release.remote(self.id)  # a call still waiting in the buffer answers 0 at once
             self._start_groups(ray.get(self.admission))
             self.admission = None
         self._end_evals(f"rollout worker {self.id} stopped during an evaluation")

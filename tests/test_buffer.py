@@ -186,3 +186,15 @@ def test_a_dead_workers_waiting_admission_admits_nothing(tmp_path):
         return late, buf.live, await buf.admit(2, 3, worker_version=0)  # the replacement is admitted
     late, live, replacement = run(scenario())
     assert late == 0 and live == 0 and replacement == 2
+
+
+def test_a_stopped_workers_waiting_admission_answers_at_once(tmp_path):
+    async def scenario():
+        buf = make(tmp_path, "buffer.max_staleness=0")
+        assert await buf.admit(2, 1, worker_version=0) == 2
+        waiting = await held(buf, 2, 1)
+        t0 = asyncio.get_running_loop().time()
+        await buf.release(1)
+        return await asyncio.wait_for(waiting, 1.0), asyncio.get_running_loop().time() - t0, buf.live
+    answer, waited, live = run(scenario())
+    assert answer == 0 and waited < 1.0 and live == 2  # nothing admitted; the wait (5 s) did not run out
