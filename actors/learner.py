@@ -24,7 +24,7 @@ from transformers import AutoModelForCausalLM
 from asyncrl.algorithms import AdvantageInputs, LossInputs, get_algorithm
 from asyncrl.algorithms.correction import mismatch_metrics
 from asyncrl.algorithms.base import KL_ESTIMATORS, LossOutput, ValueLossInputs, as_advantages, has_critic, kl_k3, masked_mean, token_level_rewards
-from asyncrl.core.batching import Batch, collate, sequence_stats, token_logprobs
+from asyncrl.core.batching import Batch, collate, length_sorted_micro_batches, rowwise, sequence_stats, token_logprobs, token_logprobs_batched
 from asyncrl.core.config import Config
 from asyncrl.core.messages import SentWeights
 from asyncrl.core.shaping import shaped_reward
@@ -219,15 +219,20 @@ class Learner:
         max_new = self.cfg.rollout.max_new_tokens
         batch.rewards = torch.tensor([shaped_reward(s, a, max_new) for s in samples], device=self.device)
         temp = self.cfg.rollout.temperature
-        fused = self._proximal_from_update()
+        pending = self._proximal_from_update(batch.size)  # rows whose pi_prox the update's forward passes fill in
+        fused = bool(pending.any())
         with torch.no_grad():  # each worker computes its rows, then all hold the whole batch's
             mine = batch.select(lg.shard(torch.arange(batch.size, device=self.device), self.dp))
             ref = lg.gather_rows(self._ref_logprobs(mine, temp), self.dp) if self._reference_needed() else None
-            old_values = lg.gather_rows(self.critic(mine), self.dp) if self.critic is not None else None
-            if fused:  # filled in by the update's own forward passes
+            micro = self.cfg.learner.micro_batch_size  # each pass below runs a micro-batch at a time, as the updates do
+            old_values = lg.gather_rows(rowwise(lambda sub: (self.critic(sub),), mine, micro)[0], self.dp) if self.critic is not None else None
+            if fused:  # one learner: the other rows' pi_prox in one pass now
                 proximal, entropy = torch.zeros_like(batch.behavior_logprobs), torch.zeros_like(batch.behavior_logprobs)
+                rest = (~pending).nonzero().squeeze(-1)
+                if rest.numel():
+                    proximal[rest], entropy[rest] = token_logprobs_batched(self.model, batch.select(rest), temp, micro, with_entropy=True)
             else:
-                proximal, entropy = (lg.gather_rows(t, self.dp) for t in token_logprobs(self.model, mine, temp, with_entropy=True))
+                proximal, entropy = (lg.gather_rows(t, self.dp) for t in token_logprobs_batched(self.model, mine, temp, micro, with_entropy=True))
         mask = batch.response_mask
         in_reward = a.kl_penalty == "reward" and a.kl_coef > 0
         metrics, kl_tokens = ({}, None) if fused or ref is None else self._kl_metrics(proximal, ref, mask)
@@ -238,9 +243,11 @@ class Learner:
         if self._kl_guard(metrics):
             def policy_loss(micro: torch.Tensor, sub: Batch) -> LossOutput:
                 T = sub.width  # the micro-batch is cut to its longest row
-                logprobs, sub_entropy = token_logprobs(self.model, sub, temp, with_entropy=fused)
-                if fused:  # no optimizer step before this forward: its log-probs are the proximal policy's
+                fill = bool(pending[micro].any())  # a micro-batch lies within one mini-batch: all its rows or none
+                logprobs, sub_entropy = token_logprobs(self.model, sub, temp, with_entropy=fill)
+                if fill:  # no optimizer step before this forward (or correction=none): its log-probs stand for pi_prox
                     proximal[micro, :T], entropy[micro, :T] = logprobs.detach(), sub_entropy
+                    pending[micro] = False
                 sub_ref = None if ref is None else ref[micro, :T]
                 inputs = LossInputs(logprobs, proximal[micro, :T], sub.behavior_logprobs, adv.advantages[micro, :T], sub.response_mask, sub_ref)
                 return self.algo.policy_loss(inputs, a)
@@ -284,19 +291,31 @@ class Learner:
         held = self.steps_done % self.cfg.learner.sync_every == 0
         return torch.tensor([held and s["policy_version_start"] == version == s["policy_version_end"] for s in samples], device=self.device)
 
-    def _proximal_from_update(self) -> bool:
-        """True when the policy's log-probs before this step (pi_prox) can come from the update's own forward passes,
-        saving one forward pass over the batch: one mini-batch (no optimizer step before any forward), one learner
-        (the rows stay local), and nothing that needs the KL before the update (a KL alert, KL in the reward)."""
-        a, lcfg = self.cfg.algorithm, self.cfg.learner
-        return lcfg.mini_batches == 1 and self._ready().world == 1 and a.kl_alert <= 0 and not (a.kl_penalty == "reward" and a.kl_coef > 0)
+    def _mini_batches(self, size: int) -> tuple[torch.Tensor, ...]:
+        """The rows of each of the step's `learner.mini_batches` updates."""
+        return torch.arange(size, device=self.device).chunk(self.cfg.learner.mini_batches)
+
+    def _proximal_from_update(self, size: int) -> torch.Tensor:
+        """[B] bool: the rows whose pi_prox (the policy's log-probs before this step) comes from the update's own
+        forward passes instead of a separate pass without gradient: those of the first mini-batch (no optimizer step
+        precedes their forward: exact; with one mini-batch, no separate pass at all) and, with
+        `algorithm.correction=none`, every row (its loss does not use pi_prox: the keep masks and the mismatch metrics
+        then see the policy at the start of each mini-batch, as AReaL's `recompute_logprob: false`). Only with one
+        learner (the rows stay local) and nothing that needs the KL before the update (a KL alert, KL in the reward)."""
+        a = self.cfg.algorithm
+        rows = torch.zeros(size, dtype=torch.bool, device=self.device)
+        if self._ready().world == 1 and a.kl_alert <= 0 and not (a.kl_penalty == "reward" and a.kl_coef > 0):
+            rows[self._mini_batches(size)[0]] = True
+            rows |= a.correction == "none"
+        return rows
 
     def _ref_logprobs(self, batch: Batch, temp: float) -> torch.Tensor:
         """Log-probs of the frozen reference policy [B, T]: the initial model, or with LoRA the adapter switched off."""
+        micro = self.cfg.learner.micro_batch_size
         if self.ref_model is not None:
-            return token_logprobs(self.ref_model, batch, temp)[0]
+            return token_logprobs_batched(self.ref_model, batch, temp, micro)[0]
         with self.model.disable_adapter():
-            return token_logprobs(self.model, batch, temp)[0]
+            return token_logprobs_batched(self.model, batch, temp, micro)[0]
 
     def _reference_kept(self) -> bool:
         """A reference policy is kept when something reads it: the KL penalty, the KL alert or the kl/ref metric."""
@@ -344,12 +363,10 @@ class Learner:
         lcfg, acc, skipped = self.cfg.learner, {}, 0
         params = [p for group in opt.param_groups for p in group["params"]]  # the sharded trainable ones (LoRA: the adapter)
         lengths = batch.attention_mask.sum(-1)  # [B]
-        for mini in torch.arange(batch.size, device=self.device).chunk(lcfg.mini_batches):
+        for mini in self._mini_batches(batch.size):
             opt.zero_grad(set_to_none=True)
             outs = []
-            rows = lg.shard(mini, self.dp)
-            rows = rows[torch.argsort(lengths[rows], stable=True)]  # similar lengths together: little padding per micro-batch
-            for micro in rows.split(lcfg.micro_batch_size):
+            for micro in length_sorted_micro_batches(lg.shard(mini, self.dp), lengths, lcfg.micro_batch_size):
                 out = loss_fn(micro, batch.select(micro).trimmed())
                 # a sum over units, divided by their total below; NaN/inf poisons the gradient on
                 # purpose so the grad-norm check skips the whole update

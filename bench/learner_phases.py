@@ -5,8 +5,8 @@
 Why the synchronous baseline's learner (`configs/*_sync.yaml`: a batch of 4x the asynchronous recipe's, 4
 mini-batch updates on it, 2 torch threads) spends more per sample than the asynchronous learner (one update per
 batch, 1 thread): with mini-batches, each update after the first needs a forward pass of its mini-batch under the
-weights before it (the proximal policy of the decoupled correction); and a second thread may not pay. Each of the
-four combinations runs in its own process on the same synthetic batch (random token ids of the model's vocabulary,
+weights before it (the proximal policy of the decoupled correction; the first mini-batch's comes from its own
+forward), which `algorithm.correction=none` does without; and a second thread may not pay. Each of the six cases runs in its own process on the same synthetic batch (random token ids of the model's vocabulary,
 `--prompt` + `--response` tokens a sample, groups of the config's group_size), the config's learner otherwise
 (LoRA, micro-batches, algorithm) with `algorithm.kl_ref_every=0`, nothing pinned; `--steps` train steps, the
 median of those after the first. Writes bench/results/learner_phases[_<config name>].{json,md}.
@@ -24,7 +24,10 @@ from pathlib import Path
 from results_io import provenance, publish  # bench/ is on sys.path when a benchmark runs as a script
 
 ROOT = Path(__file__).resolve().parents[1]
-CASES = [(1, 1), (2, 1), (1, 4), (2, 4)]  # (torch threads, mini-batches); the batch is mini_batches x the config's
+# (torch threads, mini-batches, algorithm.correction or None for the config's); the batch is mini_batches x the config's.
+# correction=none: the loss weighs pi / pi_behav, so no pass recomputes pi_prox before the updates (only the first
+# mini-batch's comes free from its own forward with the config's decoupled correction).
+CASES = [(1, 1, None), (2, 1, None), (1, 4, None), (2, 4, None), (1, 4, "none"), (2, 4, "none")]
 
 
 def worker(spec: dict) -> dict:
@@ -71,18 +74,19 @@ def main() -> None:
 
     base = load_config(args.config).learner.batch_size
     cases = []
-    for threads, minis in CASES:
+    for threads, minis, correction in CASES:
         overrides = [f"learner.torch_threads={threads}", f"learner.mini_batches={minis}", f"learner.batch_size={base * minis}",
-                     "learner.cpu_affinity=[]", "algorithm.kl_ref_every=0"]
+                     "learner.cpu_affinity=[]", "algorithm.kl_ref_every=0"] + ([f"algorithm.correction={correction}"] if correction else [])
         spec = {"config": str(args.config), "overrides": overrides, "prompt": args.prompt, "response": args.response, "steps": args.steps}
         proc = subprocess.run([sys.executable, __file__, "--worker", json.dumps(spec)], cwd=ROOT, capture_output=True, text=True, timeout=3600)
         if proc.returncode != 0:
             raise SystemExit(f"learner_phases: {threads} threads, {minis} mini-batches failed:\n{proc.stderr[-3000:]}")
         out = json.loads(proc.stdout.strip().splitlines()[-1])
         measured = out["step_s"][1:] or out["step_s"]
-        cases.append({"threads": threads, "mini_batches": minis, "batch": out["batch"], "step_s": out["step_s"],
-                      "per_sample_s": statistics.median(measured) / out["batch"]})
-        print(f"learner_phases: {threads} threads, {minis} mini-batches: {cases[-1]['per_sample_s']:.3f} s a sample", flush=True)
+        cases.append({"threads": threads, "mini_batches": minis, "correction": correction, "batch": out["batch"],
+                      "step_s": out["step_s"], "per_sample_s": statistics.median(measured) / out["batch"]})
+        print(f"learner_phases: {threads} threads, {minis} mini-batches, correction {correction or 'as configured'}: "
+              f"{cases[-1]['per_sample_s']:.3f} s a sample", flush=True)
     data = {"config": str(args.config.relative_to(ROOT) if args.config.is_absolute() else args.config), "prompt": args.prompt,
             "response": args.response, "steps": args.steps, "cases": cases}
     name = "learner_phases" if args.config.stem == "default" else f"learner_phases_{args.config.stem}"
@@ -90,17 +94,21 @@ def main() -> None:
 
 
 def render(data: dict) -> str:
-    per = {(c["threads"], c["mini_batches"]): c["per_sample_s"] for c in data["cases"]}
+    per = {(c["threads"], c["mini_batches"], c.get("correction")): c["per_sample_s"] for c in data["cases"]}
+    none = any(c == "none" for _, _, c in per)  # results from before that case have two columns fewer
     lines = [
         f"The learner of `{Path(data['config']).name}`, s per sample (median of steps after the first), synthetic samples of "
         f"{data['prompt']} prompt + {data['response']} response tokens, `algorithm.kl_ref_every=0`",
         "",
-        "| | 1 update per batch | 4 mini-batch updates per 4x batch | mini-batch cost |",
-        "|---|---|---|---|",
+        "| | 1 update per batch | 4 mini-batch updates per 4x batch | mini-batch cost |" + (" the same, `correction=none` | its cost |" if none else ""),
+        "|---|---|---|---|" + ("---|---|" if none else ""),
     ]
     for t in (1, 2):
-        lines.append(f"| {t} thread{'s' if t > 1 else ''} | {per[(t, 1)]:.3f} | {per[(t, 4)]:.3f} | {per[(t, 4)] / per[(t, 1)]:.2f}x |")
-    lines.append(f"| second thread's speedup | {per[(1, 1)] / per[(2, 1)]:.2f}x | {per[(1, 4)] / per[(2, 4)]:.2f}x | |")
+        one, four = per[(t, 1, None)], per[(t, 4, None)]
+        row = f"| {t} thread{'s' if t > 1 else ''} | {one:.3f} | {four:.3f} | {four / one:.2f}x |"
+        lines.append(row + (f" {per[(t, 4, 'none')]:.3f} | {per[(t, 4, 'none')] / one:.2f}x |" if none else ""))
+    speedup = f"| second thread's speedup | {per[(1, 1, None)] / per[(2, 1, None)]:.2f}x | {per[(1, 4, None)] / per[(2, 4, None)]:.2f}x | |"
+    lines.append(speedup + (f" {per[(1, 4, 'none')] / per[(2, 4, 'none')]:.2f}x | |" if none else ""))
     return "\n".join(lines) + "\n"
 
 

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from asyncrl.actors.learner import Learner
-from asyncrl.core.batching import collate, token_logprobs
+from asyncrl.core.batching import collate, token_logprobs, token_logprobs_batched
 from asyncrl.core.config import load_config
 
 
@@ -81,10 +81,11 @@ def ragged_samples():
     return samples
 
 
-@pytest.mark.parametrize("algo", ["grpo", "ppo"])
-def test_length_sorted_trimmed_micro_batches_match_the_whole_batch(random_model_dir, algo):
-    whole = learner(random_model_dir, "learner.micro_batch_size=16", f"algorithm.name={algo}")
-    split = learner(random_model_dir, "learner.micro_batch_size=3", f"algorithm.name={algo}")
+@pytest.mark.parametrize("algo,extra", [("grpo", []), ("ppo", []), ("grpo", ["algorithm.kl_alert=1e9"])])
+def test_length_sorted_trimmed_micro_batches_match_the_whole_batch(random_model_dir, algo, extra):
+    # with a KL alert (never firing) the proximal and reference passes run before the update, micro-batched too
+    whole = learner(random_model_dir, "learner.micro_batch_size=16", f"algorithm.name={algo}", *extra)
+    split = learner(random_model_dir, "learner.micro_batch_size=3", f"algorithm.name={algo}", *extra)
     batch = collate(ragged_samples(), pad_id=0)
     assert batch.select(torch.tensor([0, 6])).trimmed().width < batch.width  # the trimming is exercised
     m_whole, m_split = whole.train_step(ragged_samples(), version=0), split.train_step(ragged_samples(), version=0)
@@ -95,6 +96,24 @@ def test_length_sorted_trimmed_micro_batches_match_the_whole_batch(random_model_
     for key in ("loss/policy", "learner/entropy", "kl/behavior"):
         assert m_whole[key] == pytest.approx(m_split[key], rel=1e-4, abs=1e-6)
     assert m_whole["samples/response_len_max"] == 6 and m_whole["samples/response_len_p50"] == 4.0  # lengths 1,1,1,2,2,3,3,4,4,4,5,5,5,6,6,6
+
+
+def test_passes_without_gradient_run_a_micro_batch_at_a_time_and_match_the_whole_batch(random_model_dir):
+    lrn = learner(random_model_dir)
+    batch = collate(ragged_samples(), pad_id=0)
+    widths = []
+    forward = lrn.model.forward
+    lrn.model.forward = lambda *a, **kw: widths.append(tuple(kw["input_ids"].shape)) or forward(*a, **kw)
+    with torch.no_grad():
+        whole = token_logprobs(lrn.model, batch, 0.7, with_entropy=True)
+    widths.clear()
+    split = token_logprobs_batched(lrn.model, batch, 0.7, 3, with_entropy=True)
+    assert [w[0] for w in widths] == [3, 3, 3, 3, 3, 1] and min(w[1] for w in widths) < batch.width + 1  # trimmed
+    mask = batch.response_mask.bool()
+    for a, b in zip(whole, split):
+        assert b.shape == a.shape
+        torch.testing.assert_close(b[mask], a[mask], atol=1e-5, rtol=1e-4)
+    assert torch.all(split[0][~mask] == 0)
 
 
 def test_mask_truncated_takes_cut_responses_out_of_the_loss(random_model_dir):
@@ -138,13 +157,14 @@ def test_overlong_penalty_changes_the_advantages_not_the_recorded_reward(random_
     assert m["learner/advantage_abs_mean"] == 0.0 and all(s["reward"] in (0.0, 1.0) for s in samples)
 
 
-@pytest.mark.parametrize("micro", [16, 3])
-def test_proximal_from_the_update_matches_a_separate_proximal_pass(random_model_dir, micro):
-    # one mini-batch: the update's own forward passes give pi_prox (one pass fewer); a KL alert that never fires
-    # forces the separate no-grad pass. Same gradients, same metrics, over two steps (the second off the first).
-    fused = learner(random_model_dir, f"learner.micro_batch_size={micro}")
-    separate = learner(random_model_dir, f"learner.micro_batch_size={micro}", "algorithm.kl_alert=1e9")
-    assert fused._proximal_from_update() and not separate._proximal_from_update()
+@pytest.mark.parametrize("micro,minis", [(16, 1), (3, 1), (3, 2)])
+def test_proximal_from_the_update_matches_a_separate_proximal_pass(random_model_dir, micro, minis):
+    # the first mini-batch's forward passes give its pi_prox (with one mini-batch: no separate pass); a KL alert that
+    # never fires forces the separate no-grad pass. Same gradients, same metrics, over two steps (the second off the first).
+    fused = learner(random_model_dir, f"learner.micro_batch_size={micro}", f"learner.mini_batches={minis}")
+    separate = learner(random_model_dir, f"learner.micro_batch_size={micro}", f"learner.mini_batches={minis}", "algorithm.kl_alert=1e9")
+    assert fused._proximal_from_update(16).tolist() == [True] * (16 // minis) + [False] * (16 - 16 // minis)
+    assert not separate._proximal_from_update(16).any()
     for step in range(2):
         samples = fake_samples()
         if step:  # stale behaviour log-probs: the decoupled weights are not 1
@@ -156,6 +176,26 @@ def test_proximal_from_the_update_matches_a_separate_proximal_pass(random_model_
         for key in ("kl/ref", "kl/ref_k1", "kl/behavior", "learner/entropy", "loss/policy", "is_ratio/mean", "is_ratio/max"):
             assert m_fused[key] == pytest.approx(m_separate[key], rel=1e-4, abs=1e-6), key
     assert m_fused["kl/ref"] > 0  # the second step's policy has moved off the reference
+
+
+def test_correction_none_takes_every_rows_pi_prox_from_its_update_with_no_separate_pass(random_model_dir):
+    # algorithm.correction=none: the loss weighs pi / pi_behav, so no pass recomputes pi_prox before the updates
+    # (AReaL's recompute_logprob: false); the gradients are those of the run that recomputes it.
+    args = ["learner.mini_batches=2", "learner.micro_batch_size=4", "algorithm.correction=none", "algorithm.kl_ref_every=0"]
+    fused, separate = learner(random_model_dir, *args), learner(random_model_dir, *args, "algorithm.kl_alert=1e9")
+    assert fused._proximal_from_update(16).all()
+    passes = []
+    forward = fused.model.forward
+    fused.model.forward = lambda *a, **kw: passes.append(torch.is_grad_enabled()) or forward(*a, **kw)
+    samples = fake_samples()
+    for s in samples:
+        s["behavior_logprobs"] = [-1.0, -4.0, -2.0]
+    m_fused, m_separate = fused.train_step(samples, version=0), separate.train_step(samples, version=0)
+    assert passes == [True] * 4  # 2 mini-batches of 2 micro-batches, each with gradient, and nothing else
+    for a, b in zip(grads(fused), grads(separate)):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4)
+    assert m_fused["loss/policy"] == pytest.approx(m_separate["loss/policy"], rel=1e-4, abs=1e-6)
+    assert m_fused["kl/behavior"] != pytest.approx(m_separate["kl/behavior"], rel=1e-6)  # the second mini-batch saw the moved policy
 
 
 def test_reference_pass_every_n_steps_when_only_monitoring(random_model_dir):

@@ -81,6 +81,35 @@ def token_logprobs(model, batch: Batch, temperature: float, with_entropy: bool =
     return chosen * batch.response_mask, entropy
 
 
+def length_sorted_micro_batches(rows: torch.Tensor, lengths: torch.Tensor, size: int) -> tuple[torch.Tensor, ...]:
+    """`rows` (indices into a batch) ordered by their `lengths` [B] and split into micro-batches of `size`: rows of
+    similar length together, so a micro-batch cut to its longest row carries little padding."""
+    return rows[torch.argsort(lengths[rows], stable=True)].split(size)
+
+
+def rowwise(fn, batch: Batch, size: int) -> tuple[torch.Tensor | None, ...]:
+    """`fn(sub)` -> per-token tensors [b, t] (or None) of each length-sorted micro-batch of `size` rows cut to its
+    longest row, put back in the batch's row order as [B, T] tensors (0 beyond a micro-batch's width). For the passes
+    without gradient over a whole batch (the proximal, reference and value passes): their memory is a micro-batch's
+    logits, not the batch's, and their padding is a micro-batch's."""
+    out: list[torch.Tensor | None] | None = None
+    rows = torch.arange(batch.size, device=batch.input_ids.device)
+    for micro in length_sorted_micro_batches(rows, batch.attention_mask.sum(-1), size):
+        parts = fn(batch.select(micro).trimmed())
+        if out is None:
+            out = [None if p is None else p.new_zeros((batch.size, batch.width)) for p in parts]
+        for whole, part in zip(out, parts):
+            if whole is not None:
+                whole[micro, : part.shape[1]] = part
+    return tuple(out or ())
+
+
+def token_logprobs_batched(model, batch: Batch, temperature: float, size: int, with_entropy: bool = False):
+    """`token_logprobs` of a whole batch without gradient, computed `size` rows at a time (see `rowwise`)."""
+    with torch.no_grad():
+        return rowwise(lambda sub: token_logprobs(model, sub, temperature, with_entropy), batch, size)
+
+
 def sequence_stats(samples: list[dict], version: int) -> dict[str, float]:
     """Reward, staleness and length statistics of one batch of records. `staleness/*` is each sample's oldest
     token's; `staleness/token_mean` averages over tokens (keep and resume mix versions within a sample)."""
