@@ -18,9 +18,12 @@ state_dict. `bench/vs_trl.py` evaluates the snapshots offline with one
 evaluator for both sides.
 
 Settings taken from the asyncrl config (`settings`, tested against
-configs/default.yaml and configs/smollm2_word_problems.yaml): group size,
-samples per optimizer step (`learner.batch_size`, one optimizer step per
-generation batch), learning rate (constant, no warmup, AdamW, weight decay 0),
+configs/default.yaml, configs/smollm2_word_problems.yaml and its synchronous
+baseline): group size, the batching as TRL's docs set it (a generation of
+`learner.batch_size` samples, `learner.mini_batches` optimizer steps on it,
+each accumulated over micro-batches of `learner.micro_batch_size`:
+`steps_per_generation`, `gradient_accumulation_steps`,
+`per_device_train_batch_size`), learning rate (constant, no warmup, AdamW, weight decay 0),
 gradient clip, temperature / top_p (no top_k), `max_new_tokens`, the clip range,
 group-std-normalised advantages or not, the loss aggregation (token_mean is
 TRL's "dapo"), `mask_truncated` (TRL's `mask_truncated_completions`), the KL
@@ -66,8 +69,15 @@ def settings(cfg: Config) -> dict:
         raise ValueError(f"learner.batch_size {lr.batch_size} is not a whole number of groups of {r.group_size}")
     if a.loss_agg not in ("token_mean", "seq_mean"):
         raise ValueError(f"algorithm.loss_agg={a.loss_agg!r} has no TRL counterpart")
+    update = lr.batch_size // lr.mini_batches  # samples per optimizer update
+    if update % lr.micro_batch_size:
+        raise ValueError(f"an update of {update} samples is not a whole number of micro-batches of {lr.micro_batch_size}")
+    # As TRL's docs batch it: micro-batches of learner.micro_batch_size accumulated into an update
+    # (gradient_accumulation_steps), learner.mini_batches updates per generation of learner.batch_size samples
+    # (steps_per_generation counts micro-batches; TRL then recomputes the old log-probs before them, as asyncrl does)
     return dict(
-        per_device_train_batch_size=lr.batch_size, gradient_accumulation_steps=1, num_generations=r.group_size,
+        per_device_train_batch_size=lr.micro_batch_size, gradient_accumulation_steps=update // lr.micro_batch_size,
+        steps_per_generation=lr.batch_size // lr.micro_batch_size, num_generations=r.group_size,
         num_iterations=1, learning_rate=lr.lr, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
         max_grad_norm=lr.grad_clip if lr.grad_clip > 0 else None,
         temperature=r.temperature, top_p=r.top_p, top_k=0, max_completion_length=r.max_new_tokens,

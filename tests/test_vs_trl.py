@@ -92,7 +92,8 @@ def test_trl_settings_follow_the_smollm2_recipe(trl_grpo):
 
     cfg = load_config(BENCH.parent / "configs" / "smollm2_word_problems.yaml")
     s = trl_grpo.settings(cfg)
-    assert (s["per_device_train_batch_size"], s["num_generations"]) == (16, 8)  # 2 prompts x 8 per optimizer step
+    # 2 prompts x 8 per optimizer step, in micro-batches of 4; one update per generation
+    assert (s["per_device_train_batch_size"], s["gradient_accumulation_steps"], s["steps_per_generation"], s["num_generations"]) == (4, 4, 4, 8)
     assert (s["learning_rate"], s["temperature"], s["max_completion_length"]) == (5e-4, 0.7, 160)
     assert s["mask_truncated_completions"] is True and s["loss_type"] == "dapo" and s["beta"] == 0.0
     lora = trl_grpo.peft_config(cfg, num_layers=30)
@@ -105,9 +106,21 @@ def test_trl_settings_follow_the_default_job(trl_grpo):
 
     cfg = load_config(BENCH.parent / "configs" / "default.yaml")
     s = trl_grpo.settings(cfg)
-    assert (s["per_device_train_batch_size"], s["num_generations"], s["learning_rate"]) == (64, 8, 1e-4)
+    assert (s["per_device_train_batch_size"], s["gradient_accumulation_steps"], s["steps_per_generation"]) == (64, 1, 1)
+    assert (s["num_generations"], s["learning_rate"]) == (8, 1e-4)
     assert s["mask_truncated_completions"] is False and s["scale_rewards"] == "group"
     assert trl_grpo.peft_config(cfg, num_layers=2) is None  # full fine-tuning
+
+
+def test_trl_settings_of_the_synchronous_baseline_generate_once_for_several_updates(trl_grpo):
+    from asyncrl.core.config import load_config
+
+    cfg = load_config(BENCH.parent / "configs" / "smollm2_word_problems_sync.yaml")
+    s = trl_grpo.settings(cfg)  # 64 generated, then 4 updates of 16 in micro-batches of 4
+    assert (s["per_device_train_batch_size"], s["gradient_accumulation_steps"], s["steps_per_generation"]) == (4, 4, 16)
+    cfg.learner.micro_batch_size = 5
+    with pytest.raises(ValueError, match="not a whole number of micro-batches of 5"):
+        trl_grpo.settings(cfg)
 
 
 def test_trl_settings_refuse_a_batch_that_is_not_whole_groups(trl_grpo):
