@@ -23,6 +23,29 @@ def test_eval_set_is_held_out_and_stream_is_deterministic():
     assert train[5:10] == [p.prompt_id for p in itertools.islice(task.train_prompts(seed=7, start=5), 5)]
 
 
+@pytest.mark.parametrize("make,dense", [(lambda dev: AdditionTask(digits=2, eval_size=50, seed=3, dev_size=dev), True),
+                                        (lambda dev: WordProblemTask(steps=2, eval_size=50, seed=3, dev_size=dev), False)])
+def test_dev_problems_are_apart_from_the_eval_ones_and_never_trained_on(make, dense):
+    plain, task = make(0), make(40)
+    assert plain.dev_prompts() == [] and [p.text for p in task.eval_prompts()] == [p.text for p in plain.eval_prompts()]
+    dev, evals = {p.text for p in task.dev_prompts()}, {p.text for p in task.eval_prompts()}
+    assert len(dev) == 40 and not dev & evals
+    train = {p.text for p in itertools.islice(task.train_prompts(seed=7), 3000)}
+    assert not (dev | evals) & train
+    if dense:  # 10,000 2-digit pairs: 3,000 draws would meet some of the 40 were they not held out
+        assert dev & {p.text for p in itertools.islice(plain.train_prompts(seed=7), 3000)}
+
+
+def test_dev_size_is_refused_where_it_holds_nothing_out():
+    from asyncrl.core.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="task.dev_size.*model.path=tiny"):
+        load_config(None, ["task.dev_size=10"])
+    with pytest.raises(ConfigError, match="task.dev_size.*task.name=calculator"):
+        load_config(None, ["model.path=smollm2-135m-instruct", "task.name=calculator", "task.dev_size=10"])
+    assert load_config(None, ["model.path=smollm2-135m-instruct", "task.name=word_problems", "task.dev_size=10"]).task.dev_size == 10
+
+
 def test_prompt_and_exact_match():
     p = AdditionTask()._prompt(37, 85)
     assert p.text == "37+85=" and p.answer == "122"

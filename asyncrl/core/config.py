@@ -57,6 +57,8 @@ class TaskConfig(_Section):
     """task.name=word_problems: most operations in one problem (each problem draws 1..steps)."""
     eval_size: int = Field(200, ge=1)
     """Held-out problems for greedy evaluation before and after training."""
+    dev_size: int = Field(0, ge=0)
+    """task.name=addition or word_problems: problems held out for tuning (learning rates, thresholds), apart from the eval_size problems, which are then kept for reported figures; neither set is trained on. 0: none."""
     chat: bool = False
     """Render prompts with the tokenizer's chat template (instruct models): a text prompt as one user turn (after data.system_prompt when given), a chat-messages prompt (task.name=dataset) as its turns; the assistant's turn is opened."""
     reward_timeout_s: float = Field(30.0, gt=0)
@@ -448,6 +450,10 @@ def cross_checks(cfg: Config) -> Config:
            f"must be in 1..{r.max_new_tokens - 1} (below rollout.max_new_tokens) when algorithm.overlong_penalty > 0")
     low, high = a.rc_low if a.rc_low is not None else 0.0, a.rc_high if a.rc_high is not None else float("inf")
     _check(low < high, "algorithm.rc_low", f"must be below algorithm.rc_high ({a.rc_low} >= {a.rc_high})")
+    _check(t.dev_size == 0 or t.name in ("addition", "word_problems"), "task.dev_size",
+           f"holds out problems of the built-in addition and word_problems tasks, not of task.name={t.name}")
+    _check(t.dev_size == 0 or cfg.model.path != "tiny", "task.dev_size",
+           "must be 0 with model.path=tiny: its warm start trained on every problem outside its held-out ones")
     _check(b.capacity_groups >= cfg.groups_per_step, "buffer.capacity_groups", "must hold at least one batch")
     _check(lr.batch_size % lr.mini_batches == 0, "learner.mini_batches", "must divide learner.batch_size")
     _check(lr.lora.rank == 0 or bool(lr.lora.target_modules), "learner.lora.target_modules", "must name at least one module")

@@ -126,7 +126,7 @@ class AdditionTask:
 
     name = "addition"
 
-    def __init__(self, digits: int = 2, eval_size: int = 200, seed: int = 0) -> None:
+    def __init__(self, digits: int = 2, eval_size: int = 200, seed: int = 0, dev_size: int = 0) -> None:
         if digits < 1 or digits > 6:
             raise ValueError(f"task.digits must be in 1..6, got {digits}")
         self.digits = digits
@@ -137,12 +137,23 @@ class AdditionTask:
             pairs.add((rng.randrange(hi), rng.randrange(hi)))
         self._eval = sorted(pairs)
         self._eval_set = frozenset(self._eval)
+        rng, dev = random.Random(f"addition-dev-{seed}"), set()
+        while len(dev) < min(dev_size, hi * hi // 4):
+            pair = (rng.randrange(hi), rng.randrange(hi))
+            if pair not in self._eval_set:
+                dev.add(pair)
+        self._dev = sorted(dev)
+        self._held = self._eval_set | dev  # never trained on
 
     def _prompt(self, a: int, b: int) -> Prompt:
         return Prompt(prompt_id=f"{a}+{b}", text=f"{a}+{b}=", answer=str(a + b))
 
     def eval_prompts(self) -> list[Prompt]:
         return [self._prompt(a, b) for a, b in self._eval]
+
+    def dev_prompts(self) -> list[Prompt]:
+        """`task.dev_size` problems for tuning, apart from the eval problems and never trained on."""
+        return [self._prompt(a, b) for a, b in self._dev]
 
     def is_eval(self, a: int, b: int) -> bool:
         return (a, b) in self._eval_set
@@ -153,7 +164,7 @@ class AdditionTask:
         hi = 10**self.digits
         while True:
             a, b = rng.randrange(hi), rng.randrange(hi)
-            if (a, b) not in self._eval_set:
+            if (a, b) not in self._held:
                 yield a, b
 
     def train_prompts(self, seed: int, start: int = 0) -> Iterator[Prompt]:
@@ -200,7 +211,7 @@ class WordProblemTask:
 
     name = "word_problems"
 
-    def __init__(self, steps: int = 2, eval_size: int = 200, seed: int = 0) -> None:
+    def __init__(self, steps: int = 2, eval_size: int = 200, seed: int = 0, dev_size: int = 0) -> None:
         if steps < 1:
             raise ValueError(f"task.steps must be >= 1, got {steps}")
         self.steps = steps
@@ -210,10 +221,20 @@ class WordProblemTask:
             text, answer = word_problem(rng, rng.randint(1, steps))
             evals.setdefault(text, answer)
         self._eval = [Prompt(f"eval-{i}", text + ANSWER_FORMAT, str(a)) for i, (text, a) in enumerate(evals.items())]
-        self._eval_texts = frozenset(evals)
+        rng, devs = random.Random(f"word-problems-dev-{seed}"), {}
+        while len(devs) < dev_size:
+            text, answer = word_problem(rng, rng.randint(1, steps))
+            if text not in evals:
+                devs.setdefault(text, answer)
+        self._dev = [Prompt(f"dev-{i}", text + ANSWER_FORMAT, str(a)) for i, (text, a) in enumerate(devs.items())]
+        self._eval_texts = frozenset(evals) | frozenset(devs)  # never trained on
 
     def eval_prompts(self) -> list[Prompt]:
         return list(self._eval)
+
+    def dev_prompts(self) -> list[Prompt]:
+        """`task.dev_size` problems for tuning, apart from the eval problems and never trained on."""
+        return list(self._dev)
 
     def train_prompts(self, seed: int, start: int = 0) -> Iterator[Prompt]:
         """Endless problems outside the eval set, deterministic for `seed`; `start` skips that many (a data cursor)."""
@@ -302,9 +323,9 @@ def make_task(cfg, seed: int, data=None):
     if "." in cfg.name:
         return EpisodeTask(make_environment(cfg.name), cfg, seed)
     if cfg.name == "addition":
-        return AdditionTask(digits=cfg.digits, eval_size=cfg.eval_size, seed=seed)
+        return AdditionTask(digits=cfg.digits, eval_size=cfg.eval_size, seed=seed, dev_size=cfg.dev_size)
     if cfg.name == "word_problems":
-        return WordProblemTask(steps=cfg.steps, eval_size=cfg.eval_size, seed=seed)
+        return WordProblemTask(steps=cfg.steps, eval_size=cfg.eval_size, seed=seed, dev_size=cfg.dev_size)
     if cfg.name == "dataset":
         from asyncrl.core.datasets import DataTask  # the datasets library only where this task is used
 
