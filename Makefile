@@ -78,11 +78,11 @@ bench: $(STAMP) $(SGLANG_STAMP)
 	done; \
 	echo "make bench: all took $$(( $$(date +%s) - start )) s"
 
-# the same questions on the real-model recipe (docs/benchmarks.md, "On the real model"): about 2 h on 2 cores
+# the same questions on the real-model recipe (docs/benchmarks.md, "On the real model"): about 3 h on 2 cores
 SMOL := --config configs/smollm2_word_problems.yaml
 bench-smollm2: $(STAMP) $(SGLANG_STAMP)
 	@start=$$(date +%s); \
-	for b in "weight_load.py $(SMOL)" "overlap.py $(SMOL) --samples 192" "vs_trl.py $(SMOL) --steps 60 --save-every 10 --threshold 0.40"; do \
+	for b in "weight_load.py $(SMOL)" "learner_phases.py $(SMOL)" "overlap.py $(SMOL) --samples 192" "vs_trl.py $(SMOL) --steps 60 --save-every 10 --threshold 0.40"; do \
 		t0=$$(date +%s); $(PY) bench/$$b || exit 1; echo "make bench-smollm2: bench/$$b took $$(( $$(date +%s) - t0 )) s"; \
 	done; \
 	echo "make bench-smollm2: all took $$(( $$(date +%s) - start )) s"

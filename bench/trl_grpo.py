@@ -194,13 +194,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-warmup", dest="warmup", action="store_false",
                         help="skip the greedy generate before training (off the clock either way)")
     parser.add_argument("--max-minutes", type=float, help="stop after the first step past this many training minutes")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a config override, as asyncrl.run takes")
     args = parser.parse_args(argv)
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    cfg = load_config(args.config)
+    cfg = load_config(args.config, args.set)
     torch.set_num_threads(args.threads)
     if args.vllm:  # as asyncrl's engine on a CPU: in-process engine core, a 1 GiB KV cache
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -208,7 +209,9 @@ def main(argv: list[str] | None = None) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
 
     # asyncrl's worker 0 draws task.train_prompts(seed * 1000 + 0); the eval problems are never among them
-    seed, per_step = cfg.run.seed, cfg.learner.batch_size
+    seed, per_step = cfg.run.seed, cfg.learner.batch_size // cfg.learner.mini_batches  # samples per optimizer step
+    if (args.steps * per_step) % cfg.learner.batch_size:
+        raise SystemExit(f"--steps {args.steps}: {args.steps * per_step} samples are not whole generations of {cfg.learner.batch_size}")
     prompts = list(islice(make_task(cfg.task, seed, cfg.data).train_prompts(seed=seed * 1000), args.steps * per_step // cfg.rollout.group_size))
     shown = [[{"role": "user", "content": p.text}] if cfg.task.chat else p.text for p in prompts]
     dataset = Dataset.from_dict({"prompt": shown, "answer": [p.answer for p in prompts]})

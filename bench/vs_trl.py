@@ -6,6 +6,12 @@
         --threshold 0.40                                # SmolLM2 with LoRA, about 2 h (TRL ~58 s a step)
     .venv/bin/python bench/vs_trl.py --vllm             # also TRL generating with vLLM (+2-3 min, + a one-off ~3 min install)
 
+For a protocol of several runs: `--set KEY=VALUE` overrides the job on both sides (a learning rate of a sweep,
+`run.seed`, `task.dev_size`); `--split dev` makes the thresholds and tables read the dev problems
+(`task.dev_size`) to tune on, `--split test` (the default) the eval problems to report; `--trl-config` lets TRL
+batch as its docs recommend (the synchronous baseline's config: a generation of 64, 4 optimizer steps on it),
+refused when it differs from `--config` in more than scheduling; `--tag` names the result file.
+
 1. Makes the TRL environment `bench/.venv-trl` when missing (or when
    bench/trl_requirements.txt changed): `python -m venv`, torch==2.13.0 alone
    first (the local CPU wheel), then the pinned requirements. The install time
@@ -112,6 +118,23 @@ def asyncrl_points(rows: list[dict], steps: list[int]) -> list[dict]:
     return points
 
 
+def trl_schedule(asyncrl_cfg, trl_cfg, steps: int, every: int) -> tuple[int, int]:
+    """TRL's optimizer steps and snapshot interval that train the samples of asyncrl's `steps` learner steps and
+    snapshot at the same sample counts; a SystemExit when the two jobs differ in more than scheduling and the
+    learning rate (each side's is tuned on its own) or do not divide evenly."""
+    from asyncrl.analysis.bounds import SCHEDULING_KEYS, unlike
+
+    differ = unlike(asyncrl_cfg.to_dict(), trl_cfg.to_dict(), SCHEDULING_KEYS | {"learner.lr"})
+    if differ:
+        raise SystemExit(f"vs_trl: TRL's job differs from asyncrl's in more than scheduling and the learning rate: {'; '.join(differ)}")
+    update = trl_cfg.learner.batch_size // trl_cfg.learner.mini_batches  # samples per TRL optimizer step
+    per_step = asyncrl_cfg.learner.batch_size
+    if (steps * per_step) % trl_cfg.learner.batch_size or (every * per_step) % update:
+        raise SystemExit(f"vs_trl: {steps} steps of {per_step} samples (snapshots every {every}) are not whole TRL "
+                         f"generations of {trl_cfg.learner.batch_size} and updates of {update}")
+    return steps * per_step // update, every * per_step // update
+
+
 def time_to_threshold(points: list[dict], threshold: float) -> dict | None:
     """The first point (in step order) whose `accuracy` is at least `threshold`, or None."""
     for point in sorted(points, key=lambda p: p["step"]):
@@ -192,12 +215,12 @@ def ensure_venv(venv: Path, requirements: Path, remove: tuple[str, ...] = ()) ->
     return time.perf_counter() - t0
 
 
-def model_path(config: Path) -> str:
+def model_path(config: Path, overrides: list[str]) -> str:
     """The model the job trains (a built-in is built once and cached, as asyncrl.run does)."""
     from asyncrl.core.config import load_config
     from asyncrl.core.models import model_dir
 
-    cfg = load_config(config)
+    cfg = load_config(config, overrides)
     return str(model_dir(cfg))
 
 
@@ -207,15 +230,15 @@ def snapshot_steps(steps: int, every: int) -> list[int]:
     return sorted({0, *range(every, steps + 1, every), steps})
 
 
-def asyncrl_command(config: Path, out: Path, steps: int, every: int) -> list[str]:
-    overrides = [f"run.output_dir={out}", f"run.steps={steps}", "run.max_train_minutes=0", "logging.wandb=false", "logging.console=false",
+def asyncrl_command(config: Path, out: Path, steps: int, every: int, sets: list[str] = ()) -> list[str]:
+    overrides = [*sets, f"run.output_dir={out}", f"run.steps={steps}", "run.max_train_minutes=0", "logging.wandb=false", "logging.console=false",
                  "run.checkpoint_every=0", f"run.snapshot_every={every}",  # the policy's weights alone
                  "algorithm.kl_ref_every=0"]  # TRL at beta 0 has no reference model: no reference pass on either side
     return [sys.executable, "-m", "asyncrl.run", "--config", str(config), *overrides]
 
 
-def run_asyncrl(config: Path, out: Path, steps: int, every: int) -> dict:
-    cmd = asyncrl_command(config, out, steps, every)
+def run_asyncrl(config: Path, out: Path, steps: int, every: int, sets: list[str] = ()) -> dict:
+    cmd = asyncrl_command(config, out, steps, every, sets)
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=3 * 3600)
     wall = time.perf_counter() - t0
@@ -247,10 +270,11 @@ def collect_asyncrl(out: Path, steps: int, every: int, command: str, wall: float
 
 
 def run_trl(config: Path, out: Path, model: str, steps: int, every: int, threads: int, vllm: bool = False,
-            max_minutes: float | None = None) -> dict:
+            max_minutes: float | None = None, sets: list[str] = ()) -> dict:
     venv = TRL_VLLM_VENV if vllm else TRL_VENV
     args = ["--config", str(config), "--model", model, "--out", str(out), "--steps", str(steps), "--save-every", str(every),
-            "--threads", str(threads), *(["--vllm"] if vllm else []), *(["--max-minutes", str(max_minutes)] if max_minutes else [])]
+            "--threads", str(threads), *(["--vllm"] if vllm else []), *(["--max-minutes", str(max_minutes)] if max_minutes else []),
+            *(a for kv in sets for a in ("--set", kv))]
     cmd = [str(venv / "bin" / "python"), str(ROOT / "bench" / "trl_grpo.py"), *args]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=3 * 3600)
@@ -296,9 +320,11 @@ def lengths_cell(d: dict | None) -> str:
     return f"mean {d['mean']:.0f} / max {d['max']:.0f} (TRL logs no percentiles), {d['cut']:.0%} cut"
 
 
-def evaluate(config: Path, model: str, sides: list[list[dict]]) -> float:
-    """Set `accuracy` on every point: greedy accuracy on the held-out problems, as asyncrl's rollout worker computes
-    it (vLLM greedy to max_new_tokens, the task's reward), one engine for all; returns the seconds it took.
+def evaluate(config: Path, model: str, sides: list[list[dict]], overrides: list[str] = (), split: str = "test") -> float:
+    """Set `test_accuracy` on every point: greedy accuracy on the held-out (eval) problems, as asyncrl's rollout worker
+    computes it (vLLM greedy to max_new_tokens, the task's reward), one engine for all; `dev_accuracy` too when the
+    task holds out a dev set (`task.dev_size`); and `accuracy`, the `split` one, which thresholds and tables read.
+    Returns the seconds it took.
 
     Each side starts from the initial weights: a LoRA snapshot holds only the adapted layers."""
     import torch
@@ -309,11 +335,14 @@ def evaluate(config: Path, model: str, sides: list[list[dict]]) -> float:
     from asyncrl.core.tasks import encode_prompt, make_reward, make_task
 
     t0 = time.perf_counter()
-    cfg = load_config(config)
-    prompts = make_task(cfg.task, cfg.run.seed, cfg.data).eval_prompts()
+    cfg = load_config(config, overrides)
+    task = make_task(cfg.task, cfg.run.seed, cfg.data)
+    sets = {"test": task.eval_prompts(), **({"dev": task.dev_prompts()} if getattr(task, "dev_prompts", None) and task.dev_prompts() else {})}
+    if split not in sets:
+        raise SystemExit(f"vs_trl: --split {split}: the task holds out no {split} problems (set task.dev_size)")
     r = cfg.rollout
     engine = VLLMEngine(model, cfg.model.dtype, cfg.model.max_model_len, cfg.run.seed, r.kv_cache_gib, r.gpu_memory_utilization)
-    ids = [encode_prompt(engine.tokenizer, p.content, cfg.task.chat) for p in prompts]
+    ids = {name: [encode_prompt(engine.tokenizer, p.content, cfg.task.chat) for p in prompts] for name, prompts in sets.items()}
     reward = make_reward(cfg.task.reward)
     initial = {}
     for f in sorted(Path(model).glob("*.safetensors")):
@@ -323,20 +352,24 @@ def evaluate(config: Path, model: str, sides: list[list[dict]]) -> float:
         engine.llm.collective_rpc("asyncrl_load_weights", args=(list(state.items()),))
         engine.engine.reset_prefix_cache()
 
-    def accuracy() -> float:
-        outs = engine.greedy(ids, r.max_new_tokens)
-        return statistics.fmean(reward(p, engine.tokenizer.decode(o, skip_special_tokens=True)) for p, o in zip(prompts, outs))
+    def accuracies() -> dict[str, float]:
+        out = {}
+        for name, prompts in sets.items():
+            outs = engine.greedy(ids[name], r.max_new_tokens)
+            scores = [reward(p, engine.tokenizer.decode(o, skip_special_tokens=True)) for p, o in zip(prompts, outs)]
+            out[f"{name}_accuracy"] = statistics.fmean(scores)
+        return {**out, "accuracy": out[f"{split}_accuracy"]}
 
-    base = accuracy()
+    base = accuracies()
     for points in sides:
         load(initial)
         for p in points:
             if p["path"] is None:  # asyncrl's step 0: the initial model itself
-                p["accuracy"] = base
+                p.update(base)
                 continue
             state = torch.load(p["path"], map_location="cpu", weights_only=True)
             load(state["model"] if isinstance(state.get("model"), dict) else state)  # learner.pt or a bare state_dict
-            p["accuracy"] = accuracy()
+            p.update(accuracies())
     return time.perf_counter() - t0
 
 
@@ -357,6 +390,7 @@ def job_line(cfg) -> str:
 def render(result: dict) -> str:
     """The table, from the published result alone: its sides are asyncrl and the TRL runs present (TRL_NAMES)."""
     threshold, mach, n_eval = result["threshold"], result["machine"], result["eval_size"]
+    held = "held-out" if "split" not in result else f"held-out {result['split']}"  # results before the dev split: the test set
     sides = {"asyncrl": result["asyncrl"], **{TRL_NAMES[k]: result[k] for k in TRL_NAMES if k in result}}
     rs = {TRL_NAMES[k]: r for k, r in result["ratios_asyncrl_over"].items()}
     names = list(sides)
@@ -407,12 +441,12 @@ def render(result: dict) -> str:
         "",
         "Training seconds: asyncrl, wall time from its first step's start, pauses between steps included "
         f"({a['between_steps_s_total']:.1f} s of them); TRL, the time since `on_train_begin`, snapshot writing excluded. "
-        f"Both leave out start-up, warm-up and evaluation. Accuracy: greedy, the {n_eval} held-out problems, one "
+        f"Both leave out start-up, warm-up and evaluation. Accuracy: greedy, the {n_eval} {held} problems, one "
         "evaluator (one vLLM engine loading each snapshot, scored as asyncrl's rollout worker does) for every side; "
         "asyncrl's own evaluation of its run: "
         f"{a['own_eval_before']:.3f} → {a['own_eval_after']:.3f}.",
         "",
-        f"Greedy accuracy on the {n_eval} held-out problems at each snapshot (training seconds in brackets):",
+        f"Greedy accuracy on the {n_eval} {held} problems at each snapshot (training seconds in brackets):",
         "",
         f"| step | {' | '.join(names)} |",
         "|---|" + "---|" * len(names),
@@ -468,6 +502,8 @@ def main() -> None:
                         help="torch threads for TRL (default both cores; asyncrl runs two single-threaded processes)")
     parser.add_argument("--vllm", action="store_true",
                         help="also TRL with vLLM colocated (use_vllm=True, vllm_mode='colocate'), in bench/.venv-trl-vllm")
+    parser.add_argument("--vllm-only", action="store_true",
+                        help="TRL with vLLM colocated only (how TRL's docs run GRPO), not also with transformers' generate")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     parser.add_argument("--keep", type=Path, help="keep the run directories here (default: a temporary directory)")
     parser.add_argument("--trl-max-minutes", type=float,
@@ -475,12 +511,24 @@ def main() -> None:
                              "the threshold gives a lower bound on the ratio)")
     parser.add_argument("--reuse", action="store_true",
                         help="with --keep: run nothing, evaluate and report the runs already in that directory")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a config override for both sides (learner.lr=3e-4, run.seed=1, task.dev_size=200, ...)")
+    parser.add_argument("--trl-config", type=Path,
+                        help="the job TRL runs, when it batches differently (e.g. the synchronous baseline's generate-once, "
+                             "update-several); it may differ from --config only in scheduling. --steps and --save-every "
+                             "stay asyncrl's learner steps; TRL's optimizer steps train as many samples")
+    parser.add_argument("--trl-set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a config override for TRL's side only, after --set (its own tuned learner.lr)")
+    parser.add_argument("--split", choices=("test", "dev"), default="test",
+                        help="the held-out problems thresholds and tables read: dev (task.dev_size) to tune on, test to report")
+    parser.add_argument("--tag", help="appended to the result's name (vs_trl_<config>_<tag>), so runs of a protocol do not overwrite each other")
     args = parser.parse_args()
     if args.steps < 1 or args.save_every < 1:
         parser.error("--steps and --save-every must be >= 1")
     start = provenance(sys.argv[1:])
     mach = machine()
-    install_s = {"trl": ensure_venv(TRL_VENV, TRL_REQUIREMENTS)}
+    install_s = {} if args.vllm_only else {"trl": ensure_venv(TRL_VENV, TRL_REQUIREMENTS)}
+    args.vllm = args.vllm or args.vllm_only
     if args.vllm:
         install_s["trl_vllm"] = ensure_venv(TRL_VLLM_VENV, TRL_VLLM_REQUIREMENTS, remove=("torchvision", "torchaudio", "torchcodec"))
     for name, seconds in install_s.items():
@@ -488,10 +536,13 @@ def main() -> None:
         print(f"vs_trl: {name} environment {state}", flush=True)
     from asyncrl.core.config import load_config
 
-    cfg = load_config(args.config)
-    model = model_path(args.config)
+    cfg = load_config(args.config, args.set)
+    model = model_path(args.config, args.set)
+    trl_config = args.trl_config or args.config
+    trl_sets = [*args.set, *args.trl_set]
+    trl_steps, trl_every = trl_schedule(cfg, load_config(trl_config, trl_sets), args.steps, args.save_every)
     t_start = time.perf_counter()
-    trl_names = {k: v for k, v in TRL_NAMES.items() if k == "trl" or args.vllm}
+    trl_names = {k: v for k, v in TRL_NAMES.items() if (k == "trl" and not args.vllm_only) or (k == "trl_vllm" and args.vllm)}
     if args.reuse and not args.keep:
         parser.error("--reuse needs --keep DIR (the runs to report)")
     with tempfile.TemporaryDirectory(prefix="vs-trl-") as tmp:
@@ -499,7 +550,7 @@ def main() -> None:
         if args.reuse:
             print(f"vs_trl: reusing the runs in {work} (nothing is run)", flush=True)
             same_invocation(work, ["asyncrl", *trl_names])
-            cmd = shlex.join(asyncrl_command(args.config, work / "asyncrl", args.steps, args.save_every)[1:])
+            cmd = shlex.join(asyncrl_command(args.config, work / "asyncrl", args.steps, args.save_every, args.set)[1:])
             runs = {"asyncrl": collect_asyncrl(work / "asyncrl", args.steps, args.save_every, cmd, None)}
             runs.update({k: collect_trl(work / k, "(reused)", None) for k in trl_names})
         else:
@@ -507,14 +558,14 @@ def main() -> None:
                 shutil.rmtree(work / stale, ignore_errors=True)
             work.mkdir(parents=True, exist_ok=True)
             print(f"vs_trl: asyncrl, {args.steps} steps ...", flush=True)
-            runs = {"asyncrl": run_asyncrl(args.config, work / "asyncrl", args.steps, args.save_every)}
+            runs = {"asyncrl": run_asyncrl(args.config, work / "asyncrl", args.steps, args.save_every, args.set)}
             for key, name in trl_names.items():
-                print(f"vs_trl: {name}, {args.steps} steps ...", flush=True)
-                runs[key] = run_trl(args.config, work / key, model, args.steps, args.save_every, threads=args.trl_threads,
-                                    vllm=key == "trl_vllm", max_minutes=args.trl_max_minutes)
+                print(f"vs_trl: {name}, {trl_steps} optimizer steps ...", flush=True)
+                runs[key] = run_trl(trl_config, work / key, model, trl_steps, trl_every, threads=args.trl_threads,
+                                    vllm=key == "trl_vllm", max_minutes=args.trl_max_minutes, sets=trl_sets)
             stamp(work, ["asyncrl", *trl_names])
         print(f"vs_trl: evaluating {sum(len(r['points']) for r in runs.values())} snapshots ...", flush=True)
-        eval_s = evaluate(args.config, model, [r["points"] for r in runs.values()])
+        eval_s = evaluate(args.config, model, [r["points"] for r in runs.values()], args.set, args.split)
     rs = {trl_names[k]: ratios(runs["asyncrl"]["points"], runs[k]["points"], args.threshold) for k in trl_names}
     for run in runs.values():
         for p in run["points"]:
@@ -523,9 +574,10 @@ def main() -> None:
         run.update(samples_per_s=samples_per_s(run["points"]), time_to_threshold=time_to_threshold(run["points"], args.threshold))
     data = {
         "command": f"bench/vs_trl.py {' '.join(sys.argv[1:])}".strip(), "date": datetime.date.today().isoformat(),
-        "config": str(args.config), "machine": mach, "steps": args.steps, "save_every": args.save_every, "threshold": args.threshold,
+        "config": str(args.config), "trl_config": str(trl_config), "overrides": args.set, "trl_overrides": args.trl_set, "split": args.split,
+        "trl_steps": trl_steps, "machine": mach, "steps": args.steps, "save_every": args.save_every, "threshold": args.threshold,
         "trl_threads": args.trl_threads, "install_s": install_s, "eval_s": eval_s, "argv": sys.argv[1:],
-        "job": job_line(cfg), "eval_size": cfg.task.eval_size,
+        "job": job_line(cfg), "eval_size": cfg.task.eval_size if args.split == "test" else cfg.task.dev_size,
         "total_s_excluding_install": time.perf_counter() - t_start,
         **runs, "ratios_asyncrl_over": {k: rs[trl_names[k]] for k in trl_names},
         "time_to_threshold_ratio_sensitivity": {
@@ -534,7 +586,7 @@ def main() -> None:
             for k in trl_names},
     }
     default = args.config.resolve() == (ROOT / "configs" / "default.yaml").resolve()
-    name = "vs_trl" if default else f"vs_trl_{args.config.stem}"
+    name = ("vs_trl" if default else f"vs_trl_{args.config.stem}") + (f"_{args.tag}" if args.tag else "")
     publish(args.out, name, "vs_trl", data, sys.argv[1:], start)
     plot_curves({"asyncrl": runs["asyncrl"]["points"], **{trl_names[k]: runs[k]["points"] for k in trl_names}},
                 args.threshold, f"{args.config.name}: held-out greedy accuracy", args.out / f"{name}.png")

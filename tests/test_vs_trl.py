@@ -186,3 +186,20 @@ def test_reuse_refuses_runs_made_apart(vs_trl, tmp_path):
     (tmp_path / "trl" / "invocation").write_text("another run")  # one side rerun alone
     with pytest.raises(SystemExit, match="did not come from one invocation"):
         vs_trl.same_invocation(tmp_path, ["asyncrl", "trl"])
+
+
+def test_trl_schedule_trains_as_many_samples_as_asyncrls_steps(vs_trl):
+    from asyncrl.core.config import load_config
+
+    asyn = load_config(BENCH.parent / "configs" / "smollm2_word_problems.yaml")
+    sync = load_config(BENCH.parent / "configs" / "smollm2_word_problems_sync.yaml")
+    assert vs_trl.trl_schedule(asyn, asyn, 60, 10) == (60, 10)  # same job: same steps
+    # TRL generating 64 and updating 4 x 16: 60 asyncrl steps of 16 are 60 updates (15 generations)
+    assert vs_trl.trl_schedule(asyn, sync, 60, 10) == (60, 10)
+    with pytest.raises(SystemExit, match="not whole TRL generations of 64"):
+        vs_trl.trl_schedule(asyn, sync, 62, 10)
+    tuned = load_config(BENCH.parent / "configs" / "smollm2_word_problems_sync.yaml", ["learner.lr=1e-3"])
+    assert vs_trl.trl_schedule(asyn, tuned, 60, 10) == (60, 10)  # each side's learning rate is its own
+    other = load_config(BENCH.parent / "configs" / "smollm2_word_problems_sync.yaml", ["rollout.temperature=1.0"])
+    with pytest.raises(SystemExit, match="more than scheduling and the learning rate: rollout.temperature"):
+        vs_trl.trl_schedule(asyn, other, 60, 10)
