@@ -3,8 +3,9 @@
 The rollout worker drives the engine itself (`add` / `step` / `abort`), which
 starts in seconds on the CPU and lets weights change between two engine steps.
 `receive_weights` loads them and recomputes the KV of whatever is still
-running, so those requests go on under the new weights (PipelineRL's in-flight
-update); the worker may instead abort them first (`abort` is immediate and
+running, so those requests go on under the new weights (AReaL's interrupted
+generation), or keeps that KV (`keep_kv`: PipelineRL's in-flight update);
+the worker may instead abort them first (`abort` is immediate and
 leaves the other requests running) or step until none is left
 (rollout.weight_update). Nothing here knows about RL; SGLang stands behind the
 same methods (actors/sglang_engine.py), and actors/engines.py picks one (rollout.engine).
@@ -108,6 +109,8 @@ class VLLMEngine:
         self.engine = self.llm.llm_engine
         self.tokenizer = self.llm.get_tokenizer()
         self.latest: dict[str, object] = {}  # request id -> its newest output while it runs (vLLM's cumulative kind)
+        self.salt: str | None = None  # after a load that kept the running requests' KV: the prefix-cache salt of new requests
+        self.kv_kept_loads = 0
 
     def sampling_params(self, temperature: float, top_p: float, max_tokens: int, stop: tuple[str, ...] = ()):
         """Per-request sampling, no per-request seed (a shared seed would give every request one stream). A request
@@ -132,7 +135,12 @@ class VLLMEngine:
 
     def add(self, request_id: str, prompt_ids: list[int], params, priority: int = 0) -> None:
         """Queue a request; with priority scheduling, lower `priority` values are scheduled (and kept) first."""
-        self.engine.add_request(request_id, {"prompt_token_ids": prompt_ids}, params, priority=priority)
+        self.engine.add_request(request_id, self._prompt(prompt_ids), params, priority=priority)
+
+    def _prompt(self, ids: list[int]) -> dict:
+        """vLLM's token prompt; after a load that kept the running requests' KV, salted so that it never matches a
+        prefix cached under older weights (`receive_weights(keep_kv=True)`)."""
+        return {"prompt_token_ids": ids} if self.salt is None else {"prompt_token_ids": ids, "cache_salt": self.salt}
 
     def has_unfinished(self) -> bool:
         return self.engine.has_unfinished_requests()
@@ -169,7 +177,7 @@ class VLLMEngine:
     def sample(self, prompts: list[list[int]], params) -> list[Finished]:
         """One sampled response per prompt with `params`, outside the step loop (inspection and tests)."""
         self._on_engine_threads()
-        outs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        outs = self.llm.generate([self._prompt(p) for p in prompts], params, use_tqdm=False)
         return [_finished(o) for o in outs]
 
     def abort(self, request_ids: list[str]) -> list[Finished]:
@@ -192,20 +200,30 @@ class VLLMEngine:
     def init_weight_sync(self, host: str, port: int, rank: int, world: int, transport: list, meta: list, bucket_bytes: int):
         return self.llm.collective_rpc("asyncrl_init_weight_sync", args=(host, port, rank, world, list(transport), meta, bucket_bytes))
 
-    def receive_weights(self, payload=None) -> int:
-        """Receive the next version through the weight transport (`payload`: what the learner's end sent with it)."""
+    def receive_weights(self, payload=None, keep_kv: bool = False) -> int:
+        """Receive the next version through the weight transport (`payload`: what the learner's end sent with it).
+
+        By default KV computed by the old weights is not reused: running requests are preempted and re-prefilled
+        with the new weights, their later tokens come from the new version (recorded as policy_version_end); with
+        none running (abort, drain) the cached prompt prefixes still go. With `keep_kv` (rollout.keep_kv) the
+        running requests keep their KV and go on at once; the requests added from now on carry a new cache salt,
+        so no prefix cached under the old weights is matched again (it ages out of the cache)."""
         received = sum(self.llm.collective_rpc("asyncrl_receive_weights", args=(payload,)))
-        # KV computed by the old weights must not be reused: running requests are
-        # preempted and re-prefilled with the new weights, their later tokens
-        # come from the new version (recorded as policy_version_end). With none
-        # running (abort, drain) the cached prompt prefixes must still go.
-        self.engine.reset_prefix_cache(reset_running_requests=True)
+        self._loaded(keep_kv)
         return received
 
-    def load_weights(self, weights: list[tuple[str, object]]) -> None:
-        """Load checkpoint-named tensors given in this process (offline evaluation, benchmarks)."""
+    def load_weights(self, weights: list[tuple[str, object]], keep_kv: bool = False) -> None:
+        """Load checkpoint-named tensors given in this process (offline evaluation, benchmarks); `keep_kv` as in
+        `receive_weights`."""
         self.llm.collective_rpc("asyncrl_load_weights", args=(weights,))
-        self.engine.reset_prefix_cache()
+        self._loaded(keep_kv)
+
+    def _loaded(self, keep_kv: bool) -> None:
+        if keep_kv:
+            self.kv_kept_loads += 1
+            self.salt = f"asyncrl-load-{self.kv_kept_loads}"
+        else:
+            self.engine.reset_prefix_cache(reset_running_requests=True)
 
     def shutdown(self) -> None:
         """Nothing to stop: the in-process engine goes with its actor."""
@@ -215,7 +233,7 @@ class VLLMEngine:
 
         self._on_engine_threads()
         params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
-        outs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        outs = self.llm.generate([self._prompt(p) for p in prompts], params, use_tqdm=False)
         return [list(o.outputs[0].token_ids) for o in outs]
 
     def sequence_logprobs(self, token_ids: list[int], temperature: float) -> list[float]:
@@ -224,5 +242,5 @@ class VLLMEngine:
 
         self._on_engine_threads()
         params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=temperature)
-        out = self.llm.generate({"prompt_token_ids": token_ids}, params, use_tqdm=False)[0]
+        out = self.llm.generate(self._prompt(token_ids), params, use_tqdm=False)[0]
         return [d[t].logprob for d, t in zip(out.prompt_logprobs[1:], token_ids[1:])]

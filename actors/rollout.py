@@ -568,7 +568,7 @@ class RolloutWorker:
                 self._keep_partial(partial)
                 self.counters.resumed_tokens += sum(len(out.token_ids) for out in partial)
             t0 = time.monotonic()
-            nbytes = self.engine.receive_weights(payload)
+            nbytes = self.engine.receive_weights(payload, keep_kv=self.cfg.rollout.keep_kv)
             self.version = version
             self.counters.weight_updates += 1
             self.buffer.loaded.remote(self.id, version)  # an admission waiting for these weights may go on

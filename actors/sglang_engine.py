@@ -283,8 +283,11 @@ class SGLangEngine:
             raise RuntimeError(f"SGLang could not join the weight group: {message}")
         return [True]
 
-    def receive_weights(self, payload=None) -> int:
-        """Receive the next version and load it (see the module docstring); returns bytes."""
+    def receive_weights(self, payload=None, keep_kv: bool = False) -> int:
+        """Receive the next version and load it (see the module docstring); returns bytes. `keep_kv` is vLLM's only
+        (rollout.keep_kv is refused with SGLang at config load)."""
+        if keep_kv:
+            raise ValueError("rollout.keep_kv: the SGLang engine re-prefills running requests after a load; use rollout.engine=vllm")
         with self._update_session():
             if self.receiver is not None:  # cuda_ipc: the learner's buckets, mapped here
                 self._load_tensors(self.receiver.receive(payload))

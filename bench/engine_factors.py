@@ -11,7 +11,8 @@ one engine pinned to `rollout.cpu_affinity` with `rollout.torch_threads`, under 
 - priority: vLLM's priority scheduling, each request with the version at its submission (rollout.oldest_first);
 - reloads: every `--reload-every` seconds, under `engine.paused()`, the tensors a sync sends (with LoRA the
   adapted layers of the top `learner.lora.top_layers`, `lora.sync_modules`; else every tensor; the model's own
-  values) are loaded and the running requests re-prefilled, as `rollout.weight_update=keep` does;
+  values) are loaded and the running requests re-prefilled, as `rollout.weight_update=keep` does, or (KV kept)
+  go on with their KV, as with `rollout.keep_kv`;
 - learner load: a process pinned to `learner.cpu_affinity` runs forward+backward passes of the model (1 thread).
 Rows: "alone", each factor alone, then all four. `--repeats` rounds, the row order rotated each round; per row the
 median (min-max) of tokens per second of wall time, of the requests in the engine per step, and of the ratio to
@@ -31,10 +32,12 @@ from results_io import provenance, publish  # bench/ is on sys.path when a bench
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-ALONE = {"slots": "request", "priority": False, "reloads": False, "learner_load": False}
+ALONE = {"slots": "request", "priority": False, "reloads": False, "keep_kv": False, "learner_load": False}
 ROWS = [("alone", {}), ("group slots", {"slots": "group"}), ("priority scheduling", {"priority": True}),
-        ("weight reloads", {"reloads": True}), ("learner load", {"learner_load": True}),
-        ("as asyncrl drives it", {"slots": "group", "priority": True, "reloads": True, "learner_load": True})]
+        ("weight reloads", {"reloads": True}), ("weight reloads, KV kept", {"reloads": True, "keep_kv": True}),
+        ("learner load", {"learner_load": True}),
+        ("as asyncrl drives it", {"slots": "group", "priority": True, "reloads": True, "learner_load": True}),
+        ("the same, KV kept", {"slots": "group", "priority": True, "reloads": True, "keep_kv": True, "learner_load": True})]
 
 
 def sync_weights(cfg, model_path: str) -> list:
@@ -103,9 +106,8 @@ def generate(engine, ids: list[list[int]], params, r, f: dict, weights: list, re
                 engine.add(f"{tag}-g{g}-{i}", ids[g], params, priority=version if f["priority"] else 0)
         if f["reloads"] and time.perf_counter() >= next_reload:
             t1 = time.perf_counter()
-            with engine.paused():  # as a keep-mode sync: load, then the running requests go on re-prefilled
-                engine.load_weights(weights)
-                engine.engine.reset_prefix_cache(reset_running_requests=True)
+            with engine.paused():  # as a keep-mode sync: load, then the running requests go on, re-prefilled or not
+                engine.load_weights(weights, keep_kv=f.get("keep_kv", False))
             version, reloads = version + 1, reloads + 1
             reload_s += time.perf_counter() - t1
             next_reload = max(next_reload + reload_every, time.perf_counter())
@@ -205,7 +207,8 @@ def render(data: dict) -> str:
         f, runs = row["factors"], row["runs"]
         ratios = [run["tokens_per_s"] / alone[run["repeat"]] for run in runs]
         lines.append(
-            f"| {row['name']} | {f['slots']} | {'priority' if f['priority'] else 'fcfs'} | {'yes' if f['reloads'] else 'no'} | "
+            f"| {row['name']} | {f['slots']} | {'priority' if f['priority'] else 'fcfs'} | "
+            f"{('yes, KV kept' if f.get('keep_kv') else 'yes') if f['reloads'] else 'no'} | "
             f"{'yes' if f['learner_load'] else 'no'} | {_median_range([run['tokens_per_s'] for run in runs], '.1f')} | "
             f"{_median_range([run['running_mean'] for run in runs], '.1f')} | {statistics.median(run['reloads'] for run in runs):g} | "
             f"**{_median_range(ratios, '.2f')}** |")

@@ -17,7 +17,8 @@ def _run(repeat: int, rate: float) -> dict:
 
 def _data() -> dict:
     rates = {"alone": (100.0, 200.0), "group slots": (90.0, 160.0), "priority scheduling": (100.0, 200.0),
-             "weight reloads": (80.0, 180.0), "learner load": (50.0, 150.0), "as asyncrl drives it": (40.0, 60.0)}
+             "weight reloads": (80.0, 180.0), "weight reloads, KV kept": (95.0, 190.0), "learner load": (50.0, 150.0),
+             "as asyncrl drives it": (40.0, 60.0), "the same, KV kept": (45.0, 70.0)}
     rows = [{"name": name, "factors": {**engine_factors.ALONE, **f}, "runs": [_run(k, r) for k, r in enumerate(rates[name])]}
             for name, f in engine_factors.ROWS]
     return {"config": "configs/default.yaml", "model": "tiny", "groups": 4, "group_size": 8, "max_inflight_groups": 16,
@@ -36,3 +37,4 @@ def test_render_every_row_and_its_ratio_to_alone():
     assert lines["as asyncrl drives it"].endswith("| **0.35 (0.30-0.40)** |")
     assert "| 150.0 (100.0-200.0) |" in lines["alone"]
     assert "| group | priority | yes | yes |" in lines["as asyncrl drives it"]
+    assert "| request | fcfs | yes, KV kept | no |" in lines["weight reloads, KV kept"]

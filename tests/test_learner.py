@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from asyncrl.actors.learner import Learner
-from asyncrl.core.batching import collate, token_logprobs, token_logprobs_batched
+from asyncrl.core.batching import collate, first_response_position, token_logprobs, token_logprobs_batched
 from asyncrl.core.config import load_config
 
 
@@ -114,6 +114,34 @@ def test_passes_without_gradient_run_a_micro_batch_at_a_time_and_match_the_whole
         assert b.shape == a.shape
         torch.testing.assert_close(b[mask], a[mask], atol=1e-5, rtol=1e-4)
     assert torch.all(split[0][~mask] == 0)
+
+
+def test_logprobs_skip_the_prompt_positions_and_match_the_full_logits(random_model_dir):
+    lrn = learner(random_model_dir)
+    samples = ragged_samples()
+    samples[0]["prompt_ids"] = [1, 4, 14, 5, 15, 6, 7]  # prompts of unequal length: the first response position is the shortest's
+    batch = collate(samples, pad_id=0)
+    kept = []
+    forward = lrn.model.forward
+    lrn.model.forward = lambda *a, **kw: kept.append(kw["logits_to_keep"]) or forward(*a, **kw)
+    with torch.no_grad():
+        lp, entropy = token_logprobs(lrn.model, batch, 0.7, with_entropy=True)
+        full = torch.log_softmax(forward(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1].float() / 0.7, -1)
+    first = first_response_position(batch)
+    assert first == 4 and kept == [batch.width + 1 - first]  # 5-token prompts: position 4 predicts the first answer token
+    mask = batch.response_mask.bool()
+    torch.testing.assert_close(lp[mask], full.gather(-1, batch.input_ids[:, 1:, None]).squeeze(-1)[mask], atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(entropy[mask], -(full.exp() * full).sum(-1)[mask], atol=1e-5, rtol=1e-4)
+    assert lp.shape == entropy.shape == batch.response_mask.shape and torch.all(lp[~mask] == 0)
+
+
+def test_a_micro_batch_with_no_loss_token_still_backpropagates(random_model_dir):
+    lrn = learner(random_model_dir)
+    batch = collate(fake_samples(1, 2), pad_id=0)
+    batch.response_mask.zero_()  # every answer cut and masked (algorithm.mask_truncated)
+    lp, _ = token_logprobs(lrn.model, batch, 1.0)
+    lp.sum().backward()  # a graph, zero gradients: the update's accumulation loop needs no special case
+    assert torch.all(lp == 0)
 
 
 def test_mask_truncated_takes_cut_responses_out_of_the_loss(random_model_dir):

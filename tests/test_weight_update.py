@@ -119,7 +119,7 @@ class SteppedWorker(RolloutWorker):
         same call (SGLang's scheduler runs by itself: a round trip in between would let the rest finish). Returns
         the samples running before the update, and after it (abort and resume: the ones restarted; SGLang may
         have finished a few by itself before the abort reached them, which are then collected as finished)."""
-        self.engine.receive_weights = lambda payload=None: 0
+        self.engine.receive_weights = lambda payload=None, keep_kv=False: 0
         self.spy()
         self._start_groups(2)
         while len(list(self._request_ids())) == 8:

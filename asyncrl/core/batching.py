@@ -69,16 +69,29 @@ def collate(samples: list[dict], pad_id: int, device: torch.device | str = "cpu"
     return Batch(**{f.name: getattr(batch, f.name).to(device) for f in fields(batch)})
 
 
+def first_response_position(batch: Batch) -> int:
+    """The first position t (of T) any row's response mask covers; T when none does. Logits before it are never
+    read: the prompts' own positions."""
+    covered = batch.response_mask.any(0).nonzero()
+    return int(covered[0]) if covered.numel() else batch.width
+
+
 def token_logprobs(model, batch: Batch, temperature: float, with_entropy: bool = False):
-    """(log-probs of each next token [B, T], entropy [B, T] without gradient or None), logits divided by temperature."""
-    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1].float()
-    logp = torch.log_softmax(logits / temperature, dim=-1)  # [B, T, V]
-    chosen = logp.gather(-1, batch.input_ids[:, 1:, None]).squeeze(-1)  # [B, T]
+    """(log-probs of each next token [B, T], entropy [B, T] without gradient or None), logits divided by temperature,
+    0 outside the response. The output layer and the softmax run only from the batch's first response position on
+    (`logits_to_keep`): the prompt positions' full-vocabulary logits, most of a short answer's tokens, are never made."""
+    T = batch.width
+    first = min(first_response_position(batch), T - 1)  # one position at least: an update's loss keeps its graph
+    keep = T + 1 - first  # the logits of positions first..L-1; the last position's predicts nothing
+    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, logits_to_keep=keep).logits[:, :-1].float()
+    logp = torch.log_softmax(logits / temperature, dim=-1)  # [B, T - first, V]
+    chosen = logp.gather(-1, batch.input_ids[:, first + 1 :, None]).squeeze(-1)
+    pad = lambda t: torch.nn.functional.pad(t, (first, 0))  # noqa: E731  back to [B, T]
     entropy = None
     if with_entropy:  # a metric: no gradient, and no [B, T, V] graph kept for it
         with torch.no_grad():
-            entropy = -(logp.exp() * logp).sum(-1)
-    return chosen * batch.response_mask, entropy
+            entropy = pad(-(logp.exp() * logp).sum(-1))
+    return pad(chosen) * batch.response_mask, entropy
 
 
 def length_sorted_micro_batches(rows: torch.Tensor, lengths: torch.Tensor, size: int) -> tuple[torch.Tensor, ...]:

@@ -157,6 +157,8 @@ class RolloutConfig(_Section):
     """Custom Ray resources each rollout actor needs (e.g. {rollout_node: 1}, a label given to `ray start --resources`)."""
     weight_update: Literal["keep", "abort", "drain", "resume"] = "keep"
     """Requests running when new weights arrive: keep (pause, load, resume them: later tokens come from the new version; their KV is recomputed), abort (abort them and resubmit from the prompt: every token of the sample comes from the new version), drain (stop admitting, let them finish, then load) or resume (AReaL's partial rollouts: abort them, keep the tokens sampled so far, resubmit prompt + those tokens: the new version writes only what follows). Every sample records each token's version (token_versions)."""
+    keep_kv: bool = False
+    """weight_update=keep with vLLM: the running requests go on with the KV cache their tokens so far computed under the old weights (PipelineRL's in-flight update) instead of being re-prefilled under the new ones, which on a CPU can take longer than a learner step; a request admitted later never reuses a prompt prefix cached under older weights (vLLM's per-request cache_salt). Tokens sampled after the load come from the new weights over old KV, and their recorded log-probs are those the engine sampled with: the decoupled correction weighs them like any behaviour policy's."""
     oldest_first: bool = True
     """Engines schedule requests by the version of their oldest token, older first (vLLM's priority policy, SGLang's priority scheduling), so that where requests wait for room, old ones finish before they go stale; false: first come, first served."""
     max_restarts: int = Field(3, ge=0)
@@ -454,6 +456,9 @@ def cross_checks(cfg: Config) -> Config:
            f"holds out problems of the built-in addition and word_problems tasks, not of task.name={t.name}")
     _check(t.dev_size == 0 or cfg.model.path != "tiny", "task.dev_size",
            "must be 0 with model.path=tiny: its warm start trained on every problem outside its held-out ones")
+    _check(not r.keep_kv or (r.weight_update == "keep" and r.engine == "vllm"), "rollout.keep_kv",
+           f"keeps running requests' KV across a load: it needs rollout.weight_update=keep and rollout.engine=vllm "
+           f"(got {r.weight_update}, {r.engine})")
     _check(b.capacity_groups >= cfg.groups_per_step, "buffer.capacity_groups", "must hold at least one batch")
     _check(lr.batch_size % lr.mini_batches == 0, "learner.mini_batches", "must divide learner.batch_size")
     _check(lr.lora.rank == 0 or bool(lr.lora.target_modules), "learner.lora.target_modules", "must name at least one module")
