@@ -1,0 +1,34 @@
+"""bench/vs_trl_seeds.py: seed-level medians of vs_trl runs, from synthetic results (no runs)."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+import vs_trl_seeds  # noqa: E402
+
+
+def result(seed: int, asyncrl_s: float | None, trl_s: float | None, threshold: float = 0.4) -> dict:
+    side = lambda s, rate: {"time_to_threshold": None if s is None else {"train_s": s, "step": 10}, "samples_per_s": rate}  # noqa: E731
+    return {"threshold": threshold, "split": "test", "config": "configs/x.yaml", "trl_config": "configs/x_sync.yaml",
+            "overrides": [f"run.seed={seed}"], "asyncrl": side(asyncrl_s, 0.9), "trl_vllm": side(trl_s, 0.5)}
+
+
+def test_medians_and_ranges_over_seeds_with_a_seed_that_never_reached_it():
+    data = vs_trl_seeds.summarize([result(0, 100, 300), result(1, 120, None), result(2, 90, 200)])
+    text = vs_trl_seeds.render(data)
+    assert "| seconds to the threshold | 100 (90–120) | 300 (200–not reached) |" in text
+    assert "| trained samples/s | 0.90 (0.90–0.90) | 0.50 (0.50–0.50) |" in text
+    # speedups in the two seeds where both reached it: 3.0 and 2.22; an even count takes the lower median
+    assert "(2 of 3): **2.22 (2.22–3.00)**" in text
+
+
+def test_runs_of_different_protocol_steps_are_refused():
+    with pytest.raises(ValueError, match="differ in threshold"):
+        vs_trl_seeds.summarize([result(0, 100, 300), result(1, 100, 300, threshold=0.5)])
+    other = result(1, 100, 300)
+    del other["trl_vllm"]
+    with pytest.raises(ValueError, match="same sides"):
+        vs_trl_seeds.summarize([result(0, 100, 300), other])
