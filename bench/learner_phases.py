@@ -1,6 +1,6 @@
 """The learner's time per sample: one update per batch or several (mini-batches), on one thread or two.
 
-    .venv/bin/python bench/learner_phases.py --config configs/smollm2_word_problems.yaml   # about 10 min on 2 cores
+    .venv/bin/python bench/learner_phases.py --config configs/smollm2_word_problems.yaml   # about 16 min on 2 cores
 
 Why the synchronous baseline's learner (`configs/*_sync.yaml`: a batch of 4x the asynchronous recipe's, 4
 mini-batch updates on it, 2 torch threads) spends more per sample than the asynchronous learner (one update per

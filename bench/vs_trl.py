@@ -10,7 +10,8 @@ For a protocol of several runs: `--set KEY=VALUE` overrides the job on both side
 `run.seed`, `task.dev_size`); `--split dev` makes the thresholds and tables read the dev problems
 (`task.dev_size`) to tune on, `--split test` (the default) the eval problems to report; `--trl-config` lets TRL
 batch as its docs recommend (the synchronous baseline's config: a generation of 64, 4 optimizer steps on it),
-refused when it differs from `--config` in more than scheduling; `--tag` names the result file.
+refused when it differs from `--config` in more than scheduling and the learning rate (`--trl-set` gives TRL's
+own tuned one); `--tag` names the result file.
 
 1. Makes the TRL environment `bench/.venv-trl` when missing (or when
    bench/trl_requirements.txt changed): `python -m venv`, torch==2.13.0 alone
@@ -337,7 +338,8 @@ def evaluate(config: Path, model: str, sides: list[list[dict]], overrides: list[
     t0 = time.perf_counter()
     cfg = load_config(config, overrides)
     task = make_task(cfg.task, cfg.run.seed, cfg.data)
-    sets = {"test": task.eval_prompts(), **({"dev": task.dev_prompts()} if getattr(task, "dev_prompts", None) and task.dev_prompts() else {})}
+    dev = task.dev_prompts() if hasattr(task, "dev_prompts") else []  # only the built-in procedural tasks hold one out
+    sets = {"test": task.eval_prompts(), **({"dev": dev} if dev else {})}
     if split not in sets:
         raise SystemExit(f"vs_trl: --split {split}: the task holds out no {split} problems (set task.dev_size)")
     r = cfg.rollout
@@ -515,7 +517,7 @@ def main() -> None:
                         help="a config override for both sides (learner.lr=3e-4, run.seed=1, task.dev_size=200, ...)")
     parser.add_argument("--trl-config", type=Path,
                         help="the job TRL runs, when it batches differently (e.g. the synchronous baseline's generate-once, "
-                             "update-several); it may differ from --config only in scheduling. --steps and --save-every "
+                             "update-several); it may differ from --config only in scheduling and the learning rate. --steps and --save-every "
                              "stay asyncrl's learner steps; TRL's optimizer steps train as many samples")
     parser.add_argument("--trl-set", action="append", default=[], metavar="KEY=VALUE",
                         help="a config override for TRL's side only, after --set (its own tuned learner.lr)")
