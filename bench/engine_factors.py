@@ -88,8 +88,12 @@ def start_load(model_path: str, cores: list[int], shape: tuple[int, int]):
     return proc
 
 
-def generate(engine, ids: list[list[int]], params, r, f: dict, weights: list, reload_every: float, tag: str) -> dict:
-    """Generate every group of `ids` under factors `f`; tokens, wall time, requests per step, reloads."""
+def generate(engine, ids: list[list[int]], params, r, f: dict, weights: list, reload_every: float, tag: str,
+             limit_s: float = float("inf")) -> dict:
+    """Generate every group of `ids` under factors `f`; tokens, wall time, requests per step, reloads.
+
+    A row that runs past `limit_s` (re-prefilling the whole batch at every reload can leave no time to decode) is
+    stopped there: its requests are aborted, the tokens they had sampled counted, and the run marked unfinished."""
     size = r.group_size
     pending = deque((g, i) for g in range(len(ids)) for i in range(size))
     left: dict[int, int] = {}  # group -> its samples not finished
@@ -97,7 +101,12 @@ def generate(engine, ids: list[list[int]], params, r, f: dict, weights: list, re
     reload_s = 0.0
     t0 = time.perf_counter()
     next_reload = t0 + reload_every
+    samples = len(pending)
     while pending or left:
+        if time.perf_counter() - t0 > limit_s:
+            running = [f"{tag}-g{g}-{i}" for g in left for i in range(size)]
+            tokens += sum(len(out.token_ids) for out in engine.abort(running))  # ids that already finished abort as empty
+            break
         while pending and (len(left) < r.max_inflight_groups if f["slots"] == "group"
                            else sum(left.values()) < r.max_inflight_groups * size):
             for _ in range(size if f["slots"] == "group" else 1):
@@ -121,7 +130,8 @@ def generate(engine, ids: list[list[int]], params, r, f: dict, weights: list, re
                 del left[g]
     wall = time.perf_counter() - t0
     return {"tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall, "steps": steps, "running_mean": in_engine / max(steps, 1),
-            "reloads": reloads, "reload_s": reload_s}
+            "reloads": reloads, "reload_s": reload_s, "finished": not (pending or left), "samples": samples,
+            "samples_done": samples - len(pending) - sum(left.values())}
 
 
 def measure(args, cfg) -> dict:
@@ -154,17 +164,19 @@ def measure(args, cfg) -> dict:
             f = row["factors"]
             load = start_load(path, learner_cores, shape) if f["learner_load"] else None
             try:
-                run = generate(engines[f["priority"]], ids, params, r, f, weights, args.reload_every, f"r{k}-{pos}")
+                run = generate(engines[f["priority"]], ids, params, r, f, weights, args.reload_every, f"r{k}-{pos}", args.row_limit)
             finally:
                 if load is not None:
                     load.kill()
                     load.join()
             row["runs"].append({"repeat": k, "position": pos, **run})
             print(f"engine_factors: repeat {k} {row['name']}: {run['tokens_per_s']:.1f} tokens/s, "
-                  f"{run['running_mean']:.1f} in the engine, {run['reloads']} reloads", flush=True)
+                  f"{run['running_mean']:.1f} in the engine, {run['reloads']} reloads"
+                  + ("" if run["finished"] else f", stopped at {args.row_limit:g} s with {run['samples_done']}/{run['samples']} samples done"),
+                  flush=True)
     return {"config": str(args.config.relative_to(ROOT) if args.config.is_absolute() else args.config), "model": cfg.model.path,
             "groups": args.groups, "group_size": r.group_size, "max_inflight_groups": r.max_inflight_groups,
-            "max_new_tokens": r.max_new_tokens, "repeats": args.repeats, "reload_every_s": args.reload_every,
+            "max_new_tokens": r.max_new_tokens, "repeats": args.repeats, "reload_every_s": args.reload_every, "row_limit_s": args.row_limit,
             "reload_tensors": len(weights), "reload_bytes": sum(t.numel() * t.element_size() for _, t in weights),
             "rollout_cores": rollout_cores, "learner_cores": learner_cores, "learner_load_shape": list(shape), "rows": rows}
 
@@ -175,6 +187,8 @@ def main() -> None:
     parser.add_argument("--groups", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--reload-every", type=float, default=24.0, help="seconds between two weight loads (a learner step)")
+    parser.add_argument("--row-limit", type=float, default=300.0,
+                        help="seconds after which a row's run is stopped, its sampled tokens counted and the run marked unfinished")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = parser.parse_args()
     start = provenance(sys.argv[1:])
@@ -206,8 +220,12 @@ def render(data: dict) -> str:
     for row in data["rows"]:
         f, runs = row["factors"], row["runs"]
         ratios = [run["tokens_per_s"] / alone[run["repeat"]] for run in runs]
+        stopped = [run for run in runs if not run.get("finished", True)]
+        name = row["name"] + (f" (stopped at {data['row_limit_s']:g} s in {len(stopped)} of {len(runs)} repeats, "
+                              f"{min(run['samples_done'] for run in stopped)}-{max(run['samples_done'] for run in stopped)} of "
+                              f"{stopped[0]['samples']} samples done)" if stopped else "")
         lines.append(
-            f"| {row['name']} | {f['slots']} | {'priority' if f['priority'] else 'fcfs'} | "
+            f"| {name} | {f['slots']} | {'priority' if f['priority'] else 'fcfs'} | "
             f"{('yes, KV kept' if f.get('keep_kv') else 'yes') if f['reloads'] else 'no'} | "
             f"{'yes' if f['learner_load'] else 'no'} | {_median_range([run['tokens_per_s'] for run in runs], '.1f')} | "
             f"{_median_range([run['running_mean'] for run in runs], '.1f')} | {statistics.median(run['reloads'] for run in runs):g} | "

@@ -88,7 +88,8 @@ def publish(out_dir: Path, name: str, bench: str, data: dict, argv: list[str], s
     meta["loadavg_start"] = started.get("loadavg") if started else None
     if started:
         meta["finished"] = meta["date"]
-        meta.update(date=started.get("date"), commit=started.get("commit"), dirty=started.get("dirty"))
+        meta.update(date=started.get("date"), commit=started.get("commit"), dirty=started.get("dirty"),
+                    usable_cores=started.get("usable_cores"))  # before the benchmark pinned itself to its cores
     saved = json.dumps({"bench": bench, "meta": meta, "result": data}, indent=2) + "\n"
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / f"{name}.json").write_text(saved)  # first: a failing render() must not lose the measurement

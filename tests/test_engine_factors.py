@@ -38,3 +38,13 @@ def test_render_every_row_and_its_ratio_to_alone():
     assert "| 150.0 (100.0-200.0) |" in lines["alone"]
     assert "| group | priority | yes | yes |" in lines["as asyncrl drives it"]
     assert "| request | fcfs | yes, KV kept | no |" in lines["weight reloads, KV kept"]
+
+
+def test_render_marks_a_row_stopped_at_its_time_limit():
+    data = _data()
+    data["row_limit_s"] = 300.0
+    reloads = next(row for row in data["rows"] if row["name"] == "weight reloads")
+    reloads["runs"][1].update(finished=False, samples=128, samples_done=40)
+    text = engine_factors.render(json.loads(json.dumps(data)))
+    assert "| weight reloads (stopped at 300 s in 1 of 2 repeats, 40-40 of 128 samples done) | request |" in text
+    assert "| weight reloads, KV kept | request |" in text  # finished rows carry no mark
