@@ -77,13 +77,15 @@ def metric_steps(run_dir: Path) -> list[int]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("scoring", ["in_loop", pytest.param("reward_pool", marks=pytest.mark.extended),
+@pytest.mark.parametrize("scoring", [pytest.param("in_loop", marks=pytest.mark.extended),
+                                     pytest.param("reward_pool", marks=pytest.mark.extended),
                                      pytest.param("episodes", marks=pytest.mark.extended), "learner_world2"])
 def test_sigkill_mid_run_then_resume(tiny_model_dir, tmp_path, scoring):
     """`episodes`: multi-turn episodes with a tool (env.name), in flight when the driver is killed (10 steps: each
-    is slower). `reward_pool` and `episodes` are `extended` (make test-all): test_reward_pool covers the pool's
-    exactly-once, test_episodes and test_envs the episodes' records, and `in_loop` the resume itself.
-    `learner_world2`: two FSDP2 learner workers, each writing its shards of the checkpoint."""
+    is slower). `make test` runs `learner_world2` (two FSDP2 learner workers, each writing its shards of the
+    checkpoint: the driver's kill and resume are the same for one worker); the others are `extended` (make
+    test-all): test_reward_pool covers the pool's exactly-once, test_episodes and test_envs the episodes' records,
+    test_learner_continues_exactly_from_its_checkpoint one learner's exact continuation."""
     out = tmp_path / "run"
     steps = 10 if scoring == "episodes" else 16
     pool = {"reward_pool": ["reward.num_workers=2", "reward.num_cpus=0.5", "reward.batch_wait_s=0.05"],
