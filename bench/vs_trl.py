@@ -69,6 +69,7 @@ import argparse
 import datetime
 import hashlib
 import json
+import math
 import os
 import shlex
 import shutil
@@ -91,6 +92,7 @@ TRL_VLLM_VENV = ROOT / "bench" / ".venv-trl-vllm"  # --vllm only
 TRL_VLLM_REQUIREMENTS = ROOT / "bench" / "trl_vllm_requirements.txt"
 SENSITIVITY = (-0.10, -0.05, 0.0, 0.05, 0.10)  # thresholds reported besides --threshold, relative to it
 TRL_NAMES = {"trl": "TRL GRPOTrainer", "trl_vllm": "TRL + vLLM colocate"}  # a TRL run's key in the JSON -> its column
+SIDE_NAMES = {"sync": "asyncrl, synchronous", **TRL_NAMES}  # every side asyncrl is compared with (--sync-config: "sync")
 
 
 # ----------------------------------------------------------------------------- pure logic (tested)
@@ -134,6 +136,29 @@ def trl_schedule(asyncrl_cfg, trl_cfg, steps: int, every: int) -> tuple[int, int
         raise SystemExit(f"vs_trl: {steps} steps of {per_step} samples (snapshots every {every}) are not whole TRL "
                          f"generations of {trl_cfg.learner.batch_size} and updates of {update}")
     return steps * per_step // update, every * per_step // update
+
+
+def sync_schedule(asyncrl_cfg, sync_cfg, steps: int, every: int) -> tuple[int, int]:
+    """The synchronous baseline's learner steps and snapshot interval that train the samples of asyncrl's `steps`
+    learner steps and snapshot at the same sample counts (each of its steps trains a whole generation,
+    `learner.batch_size`, in `learner.mini_batches` updates); a SystemExit when the two jobs differ in more than
+    scheduling and the learning rate or do not divide evenly."""
+    from asyncrl.analysis.bounds import SCHEDULING_KEYS, unlike
+
+    differ = unlike(asyncrl_cfg.to_dict(), sync_cfg.to_dict(), SCHEDULING_KEYS | {"learner.lr"})
+    if differ:
+        raise SystemExit(f"vs_trl: the synchronous job differs from asyncrl's in more than scheduling and the learning rate: {'; '.join(differ)}")
+    per_step, generation = asyncrl_cfg.learner.batch_size, sync_cfg.learner.batch_size
+    if (steps * per_step) % generation or (every * per_step) % generation:
+        raise SystemExit(f"vs_trl: {steps} steps of {per_step} samples (snapshots every {every}) are not whole synchronous "
+                         f"steps of {generation} samples: make --steps and --save-every multiples of {generation // math.gcd(per_step, generation)}")
+    return steps * per_step // generation, every * per_step // generation
+
+
+def in_asyncrl_steps(points: list[dict], factor: int) -> list[dict]:
+    """A synchronous run's points numbered in asyncrl's learner steps (its step k trained `factor` of them), so the
+    sides' tables line up by samples trained; its own step number is kept as `learner_step`."""
+    return [{**p, "learner_step": p["step"], "step": p["step"] * factor} for p in points]
 
 
 def time_to_threshold(points: list[dict], threshold: float) -> dict | None:
@@ -390,14 +415,18 @@ def job_line(cfg) -> str:
 
 
 def render(result: dict) -> str:
-    """The table, from the published result alone: its sides are asyncrl and the TRL runs present (TRL_NAMES)."""
+    """The table, from the published result alone: its sides are asyncrl and the others present (SIDE_NAMES)."""
     threshold, mach, n_eval = result["threshold"], result["machine"], result["eval_size"]
     held = "held-out" if "split" not in result else f"held-out {result['split']}"  # results before the dev split: the test set
-    sides = {"asyncrl": result["asyncrl"], **{TRL_NAMES[k]: result[k] for k in TRL_NAMES if k in result}}
-    rs = {TRL_NAMES[k]: r for k, r in result["ratios_asyncrl_over"].items()}
+    sides = {"asyncrl": result["asyncrl"], **{SIDE_NAMES[k]: result[k] for k in SIDE_NAMES if k in result}}
+    rs = {SIDE_NAMES[k]: r for k, r in result["ratios_asyncrl_over"].items()}
     names = list(sides)
     a = sides[names[0]]
-    trl_version = next(s["versions"]["trl"] for n, s in sides.items() if "versions" in s)
+    trl_version = next((s["versions"]["trl"] for n, s in sides.items() if "versions" in s), None)
+    others = [f"TRL GRPOTrainer {trl_version}" if n in TRL_NAMES.values() else n for n in names[1:]]
+    others = list(dict.fromkeys(others))  # both TRL sides name one TRL
+    sync = f", the synchronous side `{Path(result['sync_config']).name}`" if result.get("sync_config") else ""
+    trl = f", TRL on {result['trl_threads']} torch thread(s)" if trl_version else ""
 
     def cells(f) -> str:
         return " | ".join(f(sides[n], sides[n]["points"][-1]) for n in names)
@@ -406,9 +435,9 @@ def render(result: dict) -> str:
         return fmt_s(time_to_threshold(side["points"], threshold), side["points"][-1]["step"])
 
     lines = [
-        f"asyncrl vs TRL GRPOTrainer {trl_version}, `{Path(result['config']).name}` ({result['job']}), {result['steps']} steps, "
-        f"snapshots every {result['save_every']} steps, threshold {threshold:.2f}, "
-        f"TRL on {result['trl_threads']} torch thread(s) (`bench/vs_trl.py {' '.join(result['argv'])}`)",
+        f"asyncrl vs {' and '.join(others)}, `{Path(result['config']).name}` ({result['job']}){sync}, {result['steps']} steps "
+        f"(the samples of asyncrl's steps), snapshots every {result['save_every']} steps, threshold {threshold:.2f}{trl} "
+        f"(`bench/vs_trl.py {' '.join(result['argv'])}`)",
         f"{result['date']}, {mach['nproc']} cores ({mach['cpu_model']}), "
         f"load average at start {mach['load_avg_1m_at_start']}",
         "",
@@ -523,13 +552,23 @@ def main() -> None:
                         help="a config override for TRL's side only, after --set (its own tuned learner.lr)")
     parser.add_argument("--split", choices=("test", "dev"), default="test",
                         help="the held-out problems thresholds and tables read: dev (task.dev_size) to tune on, test to report")
+    parser.add_argument("--sync-config", type=Path,
+                        help="also asyncrl's synchronous baseline (e.g. configs/smollm2_word_problems_sync.yaml), as a side of its own; "
+                             "it may differ from --config only in scheduling and the learning rate; it trains as many samples")
+    parser.add_argument("--sync-set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a config override for the synchronous side only, after --set (its own tuned learner.lr)")
+    parser.add_argument("--no-trl", action="store_true", help="no TRL side (asyncrl and --sync-config only)")
     parser.add_argument("--tag", help="appended to the result's name (vs_trl_<config>_<tag>), so runs of a protocol do not overwrite each other")
     args = parser.parse_args()
     if args.steps < 1 or args.save_every < 1:
         parser.error("--steps and --save-every must be >= 1")
     start = provenance(sys.argv[1:])
     mach = machine()
-    install_s = {} if args.vllm_only else {"trl": ensure_venv(TRL_VENV, TRL_REQUIREMENTS)}
+    if args.no_trl and (args.vllm or args.vllm_only or args.trl_config or args.trl_set):
+        parser.error("--no-trl runs no TRL side: drop --vllm, --vllm-only, --trl-config and --trl-set")
+    if args.no_trl and not args.sync_config:
+        parser.error("--no-trl leaves asyncrl alone: give --sync-config")
+    install_s = {} if args.vllm_only or args.no_trl else {"trl": ensure_venv(TRL_VENV, TRL_REQUIREMENTS)}
     args.vllm = args.vllm or args.vllm_only
     if args.vllm:
         install_s["trl_vllm"] = ensure_venv(TRL_VLLM_VENV, TRL_VLLM_REQUIREMENTS, remove=("torchvision", "torchaudio", "torchcodec"))
@@ -543,32 +582,45 @@ def main() -> None:
     trl_config = args.trl_config or args.config
     trl_sets = [*args.set, *args.trl_set]
     trl_steps, trl_every = trl_schedule(cfg, load_config(trl_config, trl_sets), args.steps, args.save_every)
+    sync_sets = [*args.set, *args.sync_set]
+    sync_steps, sync_every = (sync_schedule(cfg, load_config(args.sync_config, sync_sets), args.steps, args.save_every)
+                              if args.sync_config else (0, 0))
     t_start = time.perf_counter()
-    trl_names = {k: v for k, v in TRL_NAMES.items() if (k == "trl" and not args.vllm_only) or (k == "trl_vllm" and args.vllm)}
+    trl_names = {k: v for k, v in TRL_NAMES.items()
+                 if not args.no_trl and ((k == "trl" and not args.vllm_only) or (k == "trl_vllm" and args.vllm))}
+    others = {**({"sync": SIDE_NAMES["sync"]} if args.sync_config else {}), **trl_names}  # the sides asyncrl is compared with
+
+    def as_sync(run: dict) -> dict:  # the synchronous run, numbered in asyncrl's steps
+        return {**run, "points": in_asyncrl_steps(run["points"], args.steps // sync_steps)}
     if args.reuse and not args.keep:
         parser.error("--reuse needs --keep DIR (the runs to report)")
     with tempfile.TemporaryDirectory(prefix="vs-trl-") as tmp:
         work = args.keep or Path(tmp)
         if args.reuse:
             print(f"vs_trl: reusing the runs in {work} (nothing is run)", flush=True)
-            same_invocation(work, ["asyncrl", *trl_names])
+            same_invocation(work, ["asyncrl", *others])
             cmd = shlex.join(asyncrl_command(args.config, work / "asyncrl", args.steps, args.save_every, args.set)[1:])
             runs = {"asyncrl": collect_asyncrl(work / "asyncrl", args.steps, args.save_every, cmd, None)}
+            if args.sync_config:
+                runs["sync"] = as_sync(collect_asyncrl(work / "sync", sync_steps, sync_every, "(reused)", None))
             runs.update({k: collect_trl(work / k, "(reused)", None) for k in trl_names})
         else:
-            for stale in ("asyncrl", *trl_names):  # a run directory must start empty (metrics.jsonl is appended to)
+            for stale in ("asyncrl", *others):  # a run directory must start empty (metrics.jsonl is appended to)
                 shutil.rmtree(work / stale, ignore_errors=True)
             work.mkdir(parents=True, exist_ok=True)
             print(f"vs_trl: asyncrl, {args.steps} steps ...", flush=True)
             runs = {"asyncrl": run_asyncrl(args.config, work / "asyncrl", args.steps, args.save_every, args.set)}
+            if args.sync_config:
+                print(f"vs_trl: {SIDE_NAMES['sync']}, {sync_steps} steps of {args.steps // sync_steps} asyncrl steps' samples ...", flush=True)
+                runs["sync"] = as_sync(run_asyncrl(args.sync_config, work / "sync", sync_steps, sync_every, sync_sets))
             for key, name in trl_names.items():
                 print(f"vs_trl: {name}, {trl_steps} optimizer steps ...", flush=True)
                 runs[key] = run_trl(trl_config, work / key, model, trl_steps, trl_every, threads=args.trl_threads,
                                     vllm=key == "trl_vllm", max_minutes=args.trl_max_minutes, sets=trl_sets)
-            stamp(work, ["asyncrl", *trl_names])
+            stamp(work, ["asyncrl", *others])
         print(f"vs_trl: evaluating {sum(len(r['points']) for r in runs.values())} snapshots ...", flush=True)
         eval_s = evaluate(args.config, model, [r["points"] for r in runs.values()], args.set, args.split)
-    rs = {trl_names[k]: ratios(runs["asyncrl"]["points"], runs[k]["points"], args.threshold) for k in trl_names}
+    rs = {k: ratios(runs["asyncrl"]["points"], runs[k]["points"], args.threshold) for k in others}
     for run in runs.values():
         for p in run["points"]:
             p.pop("path", None)
@@ -576,21 +628,23 @@ def main() -> None:
         run.update(samples_per_s=samples_per_s(run["points"]), time_to_threshold=time_to_threshold(run["points"], args.threshold))
     data = {
         "command": f"bench/vs_trl.py {' '.join(sys.argv[1:])}".strip(), "date": datetime.date.today().isoformat(),
-        "config": str(args.config), "trl_config": str(trl_config), "overrides": args.set, "trl_overrides": args.trl_set, "split": args.split,
+        "config": str(args.config), "trl_config": None if args.no_trl else str(trl_config), "overrides": args.set,
+        "trl_overrides": args.trl_set, "split": args.split,
+        "sync_config": str(args.sync_config) if args.sync_config else None, "sync_overrides": args.sync_set, "sync_steps": sync_steps,
         "trl_steps": trl_steps, "machine": mach, "steps": args.steps, "save_every": args.save_every, "threshold": args.threshold,
         "trl_threads": args.trl_threads, "install_s": install_s, "eval_s": eval_s, "argv": sys.argv[1:],
         "job": job_line(cfg), "eval_size": cfg.task.eval_size if args.split == "test" else cfg.task.dev_size,
         "total_s_excluding_install": time.perf_counter() - t_start,
-        **runs, "ratios_asyncrl_over": {k: rs[trl_names[k]] for k in trl_names},
+        **runs, "ratios_asyncrl_over": rs,
         "time_to_threshold_ratio_sensitivity": {
             k: {f"{level:.2f}": ratios(runs["asyncrl"]["points"], runs[k]["points"], level)["time_to_threshold"]
                 for level in (args.threshold + d for d in SENSITIVITY)}
-            for k in trl_names},
+            for k in others},
     }
     default = args.config.resolve() == (ROOT / "configs" / "default.yaml").resolve()
     name = ("vs_trl" if default else f"vs_trl_{args.config.stem}") + (f"_{args.tag}" if args.tag else "")
     publish(args.out, name, "vs_trl", data, sys.argv[1:], start)
-    plot_curves({"asyncrl": runs["asyncrl"]["points"], **{trl_names[k]: runs[k]["points"] for k in trl_names}},
+    plot_curves({"asyncrl": runs["asyncrl"]["points"], **{name: runs[k]["points"] for k, name in others.items()}},
                 args.threshold, f"{args.config.name}: held-out greedy accuracy", args.out / f"{name}.png")
 
 

@@ -21,8 +21,8 @@ from pathlib import Path
 from results_io import provenance, publish  # bench/ is on sys.path when a benchmark runs as a script
 
 ROOT = Path(__file__).resolve().parents[1]
-SIDES = {"asyncrl": "asyncrl", "trl": "TRL GRPOTrainer", "trl_vllm": "TRL + vLLM colocate"}  # as bench/vs_trl.py
-SAME = ("threshold", "split", "config", "trl_config")
+SIDES = {"asyncrl": "asyncrl", "sync": "asyncrl, synchronous", "trl": "TRL GRPOTrainer", "trl_vllm": "TRL + vLLM colocate"}  # as bench/vs_trl.py
+SAME = ("threshold", "split", "config", "trl_config", "sync_config")
 
 
 def summarize(results: list[dict]) -> dict:

@@ -203,3 +203,48 @@ def test_trl_schedule_trains_as_many_samples_as_asyncrls_steps(vs_trl):
     other = load_config(BENCH.parent / "configs" / "smollm2_word_problems_sync.yaml", ["rollout.temperature=1.0"])
     with pytest.raises(SystemExit, match="more than scheduling and the learning rate: rollout.temperature"):
         vs_trl.trl_schedule(asyn, other, 60, 10)
+
+
+def test_sync_schedule_trains_as_many_samples_in_whole_generations(vs_trl):
+    from asyncrl.core.config import load_config
+
+    asyn = load_config(BENCH.parent / "configs" / "smollm2_word_problems.yaml")
+    sync = load_config(BENCH.parent / "configs" / "smollm2_word_problems_sync.yaml")
+    # 64 asyncrl steps of 16 samples are 16 synchronous steps of 64 (4 updates of 16 each); snapshots every 8 -> 2
+    assert vs_trl.sync_schedule(asyn, sync, 64, 8) == (16, 2)
+    with pytest.raises(SystemExit, match="multiples of 4"):
+        vs_trl.sync_schedule(asyn, sync, 60, 10)
+    tuned = load_config(BENCH.parent / "configs" / "smollm2_word_problems_sync.yaml", ["learner.lr=1e-3"])
+    assert vs_trl.sync_schedule(asyn, tuned, 64, 8) == (16, 2)
+    other = load_config(BENCH.parent / "configs" / "smollm2_word_problems_sync.yaml", ["task.steps=2"])
+    with pytest.raises(SystemExit, match="synchronous job differs from asyncrl's in more than scheduling and the learning rate: task.steps"):
+        vs_trl.sync_schedule(asyn, other, 64, 8)
+
+
+def test_synchronous_points_are_numbered_in_asyncrl_steps(vs_trl):
+    points = [{"step": 0, "train_s": 0.0, "samples": 0}, {"step": 2, "train_s": 40.0, "samples": 128}]
+    assert vs_trl.in_asyncrl_steps(points, 4) == [{"step": 0, "learner_step": 0, "train_s": 0.0, "samples": 0},
+                                                  {"step": 8, "learner_step": 2, "train_s": 40.0, "samples": 128}]
+
+
+def _side(accuracies: list[float], seconds: list[float], **extra) -> dict:
+    points = [{"step": 8 * i, "train_s": s, "samples": 128 * i, "accuracy": a} for i, (a, s) in enumerate(zip(accuracies, seconds))]
+    return {"points": points, "step_s": [10.0, 9.0], "process_wall_s": 100.0, "response_lengths": None, **extra}
+
+
+def test_table_has_a_column_and_a_ratio_for_the_synchronous_side(vs_trl):
+    asyncrl = _side([0.2, 0.35, 0.5], [0.0, 100.0, 200.0], between_steps_s_total=1.0, own_eval_before=0.2, own_eval_after=0.5)
+    sync = _side([0.2, 0.3, 0.45], [0.0, 150.0, 300.0])
+    trl = _side([0.2, 0.25, 0.4], [0.0, 200.0, 400.0], versions={"trl": "1.16.0"})
+    result = {"threshold": 0.4, "machine": {"nproc": 2, "cpu_model": "Test CPU", "load_avg_1m_at_start": 0.1}, "eval_size": 200,
+              "split": "dev", "config": "configs/smollm2_word_problems.yaml", "sync_config": "configs/smollm2_word_problems_sync.yaml",
+              "job": "a job", "steps": 16, "save_every": 8, "trl_threads": 2, "argv": ["--split", "dev"], "date": "2026-12-05",
+              "asyncrl": asyncrl, "sync": sync, "trl_vllm": trl,
+              "ratios_asyncrl_over": {k: vs_trl.ratios(asyncrl["points"], side["points"], 0.4) for k, side in (("sync", sync), ("trl_vllm", trl))}}
+    text = vs_trl.render(result)
+    assert "| | asyncrl | asyncrl, synchronous | TRL + vLLM colocate |" in text
+    assert "asyncrl vs asyncrl, synchronous and TRL GRPOTrainer 1.16.0" in text
+    assert "the synchronous side `smollm2_word_problems_sync.yaml`" in text
+    assert "| seconds to accuracy ≥ 0.40 | 200.0 s (step 16) | 300.0 s (step 16) | 400.0 s (step 16) |" in text
+    assert "asyncrl / asyncrl, synchronous: time to 0.40 **1.50x** faster" in text
+    assert "asyncrl / TRL + vLLM colocate: time to 0.40 **2.00x** faster" in text

@@ -32,3 +32,19 @@ def test_runs_of_different_protocol_steps_are_refused():
     del other["trl_vllm"]
     with pytest.raises(ValueError, match="same sides"):
         vs_trl_seeds.summarize([result(0, 100, 300), other])
+
+
+def test_the_synchronous_side_has_its_column_and_speedup():
+    runs = []
+    for seed, (a, s) in enumerate([(100, 150), (120, 130), (90, 200)]):
+        r = result(seed, a, 300)
+        r.update(sync_config="configs/x_sync.yaml", sync={"time_to_threshold": {"train_s": s, "step": 8}, "samples_per_s": 0.7})
+        runs.append(r)
+    text = vs_trl_seeds.render(vs_trl_seeds.summarize(runs))
+    assert "| | asyncrl | asyncrl, synchronous | TRL + vLLM colocate |" in text
+    assert "| seconds to the threshold | 100 (90–120) | 150 (130–200) | 300 (300–300) |" in text
+    # speedups over the synchronous side: 1.5, 1.083, 2.22 -> median 1.5
+    assert "asyncrl / asyncrl, synchronous, time to the threshold, seeds where both reached it (3 of 3): **1.50 (1.08–2.22)**" in text
+    other = dict(runs[1], sync_config="configs/y_sync.yaml")
+    with pytest.raises(ValueError, match="differ in sync_config"):
+        vs_trl_seeds.summarize([runs[0], other])

@@ -1,0 +1,154 @@
+"""Time to accuracy, tuned fairly and reported on held-out problems: asyncrl, its synchronous baseline and TRL.
+
+    .venv/bin/python bench/accuracy_protocol.py            # every step not yet recorded, in order (about 10 h on 2 cores)
+    .venv/bin/python bench/accuracy_protocol.py dev         # one step: dev | choose | test | summary
+
+Each step is `bench/vs_trl.py` runs (or reads their records), and every run is recorded in bench/results/ as it ends,
+so the protocol can be stopped and resumed: a step whose record exists is not run again.
+
+1. dev: for each learning rate of `LRS`, one run of the three sides back to back on the config's training stream,
+   evaluated on the dev problems (`task.dev_size`): asyncrl (`--config`), its colocated synchronous baseline
+   (`--sync-config`) and TRL's GRPOTrainer with vLLM colocated, batching as its docs recommend (`--trl-config`,
+   the synchronous baseline's generation of 64 and 4 updates).
+2. choose: each side's learning rate is the one with the highest dev accuracy at the last step; the threshold is
+   the highest dev accuracy every side reaches at its chosen rate, rounded down to 0.01. Recorded (a table of its
+   own) before any test run, which reads it.
+3. test: `SEEDS` runs of the three sides at their chosen rates, evaluated on the test problems (`task.eval_size`,
+   never read by steps 1-2), time to the chosen threshold.
+4. summary: `bench/vs_trl_seeds.py`: per side the median (range) over seeds of the time to the threshold and of
+   trained samples/s, asyncrl's speedups.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+from results_io import provenance, publish  # bench/ is on sys.path when a benchmark runs as a script
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "bench"
+LRS = ("2.5e-4", "5e-4", "1e-3")
+SEEDS = (0, 1, 2)
+SIDES = ("asyncrl", "sync", "trl_vllm")  # vs_trl.py's keys of the three sides
+
+
+# ----------------------------------------------------------------------------- pure logic (tested)
+def final_accuracy(side: dict) -> float:
+    """A side's accuracy at its last snapshot."""
+    return max(side["points"], key=lambda p: p["step"])["accuracy"]
+
+
+def best_accuracy(side: dict) -> float:
+    """The highest accuracy any of a side's snapshots reached."""
+    return max(p["accuracy"] for p in side["points"])
+
+
+def choose(dev: dict[str, dict], sides: tuple[str, ...] = SIDES) -> dict:
+    """From the dev runs {learning rate: vs_trl result}: each side's rate (the highest final dev accuracy; a tie
+    goes to the smaller rate) and the threshold (the highest accuracy every side reaches at its rate, rounded down
+    to 0.01)."""
+    if not dev:
+        raise ValueError("no dev runs to choose from")
+    for lr, result in dev.items():
+        if result.get("split") != "dev":
+            raise ValueError(f"the run at lr {lr} was evaluated on {result.get('split')!r} problems, not dev")
+        missing = [s for s in sides if s not in result]
+        if missing:
+            raise ValueError(f"the run at lr {lr} lacks the sides {missing}")
+    chosen = {s: min(dev, key=lambda lr: (-final_accuracy(dev[lr][s]), float(lr))) for s in sides}
+    reached = {s: best_accuracy(dev[chosen[s]][s]) for s in sides}
+    threshold = math.floor(min(reached.values()) * 100 + 1e-9) / 100
+    return {"lr": chosen, "threshold": threshold, "reached": reached,
+            "final": {lr: {s: final_accuracy(dev[lr][s]) for s in sides} for lr in dev}}
+
+
+def dev_args(config: str, sync_config: str, lr: str, steps: int, every: int, dev_size: int) -> list[str]:
+    return [*common_args(config, sync_config, steps, every, dev_size), "--split", "dev", "--set", f"learner.lr={lr}",
+            "--threshold", "0.0", "--tag", f"dev-lr{lr}"]
+
+
+def test_args(config: str, sync_config: str, choice: dict, seed: int, steps: int, every: int, dev_size: int) -> list[str]:
+    lr = choice["lr"]
+    return [*common_args(config, sync_config, steps, every, dev_size), "--split", "test", "--set", f"run.seed={seed}",
+            "--set", f"learner.lr={lr['asyncrl']}", "--sync-set", f"learner.lr={lr['sync']}", "--trl-set", f"learner.lr={lr['trl_vllm']}",
+            "--threshold", f"{choice['threshold']:.2f}", "--tag", f"test-s{seed}"]
+
+
+def common_args(config: str, sync_config: str, steps: int, every: int, dev_size: int) -> list[str]:
+    """Both phases train on one stream: the dev problems are held out of it in the test runs too."""
+    return ["--config", config, "--sync-config", sync_config, "--trl-config", sync_config, "--vllm-only",
+            "--steps", str(steps), "--save-every", str(every), "--set", f"task.dev_size={dev_size}"]
+
+
+def render(data: dict) -> str:
+    """The choice's table: final dev accuracy per rate and side, the chosen rates and the threshold."""
+    names = {"asyncrl": "asyncrl", "sync": "asyncrl, synchronous", "trl_vllm": "TRL + vLLM colocate"}
+    sides = list(data["lr"])
+    lines = [f"`{Path(data['config']).name}`: dev accuracy (the {data['dev_size']} dev problems, greedy) at the last of "
+             f"{data['steps']} steps, per learning rate; **bold**: the rate each side keeps", "",
+             f"| learning rate | {' | '.join(names[s] for s in sides)} |", "|---|" + "---|" * len(sides)]
+    for lr in sorted(data["final"], key=float):
+        cells = [f"**{data['final'][lr][s]:.3f}**" if data["lr"][s] == lr else f"{data['final'][lr][s]:.3f}" for s in sides]
+        lines.append(f"| {lr} | {' | '.join(cells)} |")
+    lines += ["", "Highest dev accuracy each side reached at its rate: "
+              + ", ".join(f"{names[s]} {data['reached'][s]:.3f}" for s in sides)
+              + f". Threshold for the test runs (the lowest of these, rounded down): **{data['threshold']:.2f}**."]
+    return "\n".join(lines) + "\n"
+
+
+# ----------------------------------------------------------------------------- the steps
+def record(name: str) -> Path:
+    return BENCH / "results" / f"{name}.json"
+
+
+def run_vs_trl(args: list[str]) -> None:
+    cmd = [sys.executable, str(BENCH / "vs_trl.py"), *args]
+    print("accuracy_protocol: " + " ".join(cmd[1:]), flush=True)
+    if subprocess.run(cmd, cwd=ROOT).returncode != 0:
+        raise SystemExit("accuracy_protocol: a vs_trl run failed; the runs recorded so far stay, rerun to go on")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("step", nargs="?", choices=("all", "dev", "choose", "test", "summary"), default="all")
+    parser.add_argument("--config", default="configs/smollm2_word_problems.yaml")
+    parser.add_argument("--sync-config", default="configs/smollm2_word_problems_sync.yaml")
+    parser.add_argument("--steps", type=int, default=64, help="asyncrl learner steps per side (the others train as many samples)")
+    parser.add_argument("--save-every", type=int, default=8)
+    parser.add_argument("--dev-size", type=int, default=200)
+    args = parser.parse_args()
+    stem = Path(args.config).stem
+    choice_name = f"accuracy_protocol_{stem}_choice"
+    steps = ["dev", "choose", "test", "summary"] if args.step == "all" else [args.step]
+    if "dev" in steps:
+        for lr in LRS:
+            if not record(f"vs_trl_{stem}_dev-lr{lr}").is_file():
+                run_vs_trl(dev_args(args.config, args.sync_config, lr, args.steps, args.save_every, args.dev_size))
+    if "choose" in steps and not record(choice_name).is_file():
+        start = provenance(sys.argv[1:])
+        dev = {lr: json.loads(record(f"vs_trl_{stem}_dev-lr{lr}").read_text())["result"] for lr in LRS}
+        try:
+            data = choose(dev)
+        except ValueError as exc:
+            raise SystemExit(f"accuracy_protocol: {exc}")
+        data.update(config=args.config, steps=args.steps, dev_size=args.dev_size,
+                    records=[str(record(f"vs_trl_{stem}_dev-lr{lr}").relative_to(ROOT)) for lr in LRS])
+        publish(BENCH / "results", choice_name, "accuracy_protocol", data, sys.argv[1:], start)
+    if "test" in steps:
+        choice = json.loads(record(choice_name).read_text())["result"]
+        for seed in SEEDS:
+            if not record(f"vs_trl_{stem}_test-s{seed}").is_file():
+                run_vs_trl(test_args(args.config, args.sync_config, choice, seed, args.steps, args.save_every, args.dev_size))
+    if "summary" in steps:
+        tests = [str(record(f"vs_trl_{stem}_test-s{seed}").relative_to(ROOT)) for seed in SEEDS]
+        cmd = [sys.executable, str(BENCH / "vs_trl_seeds.py"), "--name", f"{stem}_test", *tests]
+        if subprocess.run(cmd, cwd=ROOT).returncode != 0:
+            raise SystemExit("accuracy_protocol: the summary failed")
+
+
+if __name__ == "__main__":
+    main()
