@@ -347,10 +347,10 @@ def lengths_cell(d: dict | None) -> str:
 
 
 def evaluate(config: Path, model: str, sides: list[list[dict]], overrides: list[str] = (), split: str = "test") -> float:
-    """Set `test_accuracy` on every point: greedy accuracy on the held-out (eval) problems, as asyncrl's rollout worker
-    computes it (vLLM greedy to max_new_tokens, the task's reward), one engine for all; `dev_accuracy` too when the
-    task holds out a dev set (`task.dev_size`); and `accuracy`, the `split` one, which thresholds and tables read.
-    Returns the seconds it took.
+    """Set `accuracy` on every point: greedy accuracy on the `split` problems (test: the task's held-out eval
+    problems; dev: its `task.dev_size` dev problems), as asyncrl's rollout worker computes it (vLLM greedy to
+    max_new_tokens, the task's reward), one engine for all. Only that split is read: a dev run never scores the
+    test problems. Returns the seconds it took.
 
     Each side starts from the initial weights: a LoRA snapshot holds only the adapted layers."""
     import torch
@@ -363,13 +363,12 @@ def evaluate(config: Path, model: str, sides: list[list[dict]], overrides: list[
     t0 = time.perf_counter()
     cfg = load_config(config, overrides)
     task = make_task(cfg.task, cfg.run.seed, cfg.data)
-    dev = task.dev_prompts() if hasattr(task, "dev_prompts") else []  # only the built-in procedural tasks hold one out
-    sets = {"test": task.eval_prompts(), **({"dev": dev} if dev else {})}
-    if split not in sets:
+    prompts = task.eval_prompts() if split == "test" else (task.dev_prompts() if hasattr(task, "dev_prompts") else [])
+    if not prompts:  # only the built-in procedural tasks hold dev problems out
         raise SystemExit(f"vs_trl: --split {split}: the task holds out no {split} problems (set task.dev_size)")
     r = cfg.rollout
     engine = VLLMEngine(model, cfg.model.dtype, cfg.model.max_model_len, cfg.run.seed, r.kv_cache_gib, r.gpu_memory_utilization)
-    ids = {name: [encode_prompt(engine.tokenizer, p.content, cfg.task.chat) for p in prompts] for name, prompts in sets.items()}
+    ids = [encode_prompt(engine.tokenizer, p.content, cfg.task.chat) for p in prompts]
     reward = make_reward(cfg.task.reward)
     initial = {}
     for f in sorted(Path(model).glob("*.safetensors")):
@@ -380,12 +379,8 @@ def evaluate(config: Path, model: str, sides: list[list[dict]], overrides: list[
         engine.engine.reset_prefix_cache()
 
     def accuracies() -> dict[str, float]:
-        out = {}
-        for name, prompts in sets.items():
-            outs = engine.greedy(ids[name], r.max_new_tokens)
-            scores = [reward(p, engine.tokenizer.decode(o, skip_special_tokens=True)) for p, o in zip(prompts, outs)]
-            out[f"{name}_accuracy"] = statistics.fmean(scores)
-        return {**out, "accuracy": out[f"{split}_accuracy"]}
+        outs = engine.greedy(ids, r.max_new_tokens)
+        return {"accuracy": statistics.fmean(reward(p, engine.tokenizer.decode(o, skip_special_tokens=True)) for p, o in zip(prompts, outs))}
 
     base = accuracies()
     for points in sides:
