@@ -8,7 +8,7 @@ SGLANG_STAMP := $(SGLANG)/.asyncrl-installed
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup sglang run run-smollm2 run-calculator run-guess-number run-agent smoke docs test test-all test-fast model bench bench-smollm2 bench-engines bench-tables clean
+.PHONY: setup sglang run run-smollm2 run-calculator run-guess-number run-agent smoke docs test test-all test-fast model bench bench-smollm2 bench-smollm2-accuracy bench-engines bench-tables clean
 
 setup: $(STAMP) $(SGLANG_STAMP)
 
@@ -78,14 +78,19 @@ bench: $(STAMP) $(SGLANG_STAMP)
 	done; \
 	echo "make bench: all took $$(( $$(date +%s) - start )) s"
 
-# the same questions on the real-model recipe (docs/benchmarks.md, "On the real model"): about 3 h on 2 cores
+# the speed questions on the real-model recipe (docs/benchmarks.md, "On the real model"): about 2 h on 2 cores
 SMOL := --config configs/smollm2_word_problems.yaml
 bench-smollm2: $(STAMP) $(SGLANG_STAMP)
 	@start=$$(date +%s); \
-	for b in "weight_load.py $(SMOL)" "learner_phases.py $(SMOL)" "overlap.py $(SMOL) --samples 192" "vs_trl.py $(SMOL) --steps 60 --save-every 10 --threshold 0.40"; do \
+	for b in "weight_load.py $(SMOL)" "learner_phases.py $(SMOL)" "engine_factors.py $(SMOL) --reload-every 14" "overlap.py $(SMOL) --samples 192"; do \
 		t0=$$(date +%s); $(PY) bench/$$b || exit 1; echo "make bench-smollm2: bench/$$b took $$(( $$(date +%s) - t0 )) s"; \
 	done; \
 	echo "make bench-smollm2: all took $$(( $$(date +%s) - start )) s"
+
+# time to accuracy on the recipe: asyncrl, its synchronous baseline and TRL + vLLM, learning rates chosen on dev
+# problems, 3 seeds on test problems (docs/benchmarks.md); about 10 h on 2 cores, resumable (a recorded run is kept)
+bench-smollm2-accuracy: $(STAMP)
+	$(PY) bench/accuracy_protocol.py
 
 # vLLM against SGLang on the same requests (docs/engines.md): the tiny job, then SmolLM2 (about 10 min)
 bench-engines: $(STAMP) $(SGLANG_STAMP)
