@@ -68,6 +68,7 @@ def choose(dev: dict[str, dict], sides: tuple[str, ...] = SIDES) -> dict:
 
 def dev_args(config: str, sync_config: str, lr: str, steps: int, every: int, dev_size: int) -> list[str]:
     return [*common_args(config, sync_config, steps, every, dev_size), "--split", "dev", "--set", f"learner.lr={lr}",
+            "--set", "run.eval=false",  # asyncrl's own evaluation reads the test problems: not in the dev phase
             "--threshold", "0.0", "--tag", f"dev-lr{lr}"]
 
 

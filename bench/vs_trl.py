@@ -290,7 +290,7 @@ def collect_asyncrl(out: Path, steps: int, every: int, command: str, wall: float
         "between_steps_s_total": points[-1]["train_s"] - sum(r["time/step_s"] for r in rows),  # metrics, snapshots
         "step_s": [r["time/step_s"] for r in rows],
         # asyncrl's own evaluation (vLLM greedy, same problems): a cross-check of the offline evaluator
-        "own_eval_before": summary["eval/accuracy_before"], "own_eval_after": summary["eval/accuracy_after"],
+        "own_eval_before": summary.get("eval/accuracy_before"), "own_eval_after": summary.get("eval/accuracy_after"),  # run.eval=false: None
         "samples_status": summary["samples"],
     }
 
@@ -468,9 +468,9 @@ def render(result: dict) -> str:
         "Training seconds: asyncrl, wall time from its first step's start, pauses between steps included "
         f"({a['between_steps_s_total']:.1f} s of them); TRL, the time since `on_train_begin`, snapshot writing excluded. "
         f"Both leave out start-up, warm-up and evaluation. Accuracy: greedy, the {n_eval} {held} problems, one "
-        "evaluator (one vLLM engine loading each snapshot, scored as asyncrl's rollout worker does) for every side; "
-        "asyncrl's own evaluation of its run: "
-        f"{a['own_eval_before']:.3f} → {a['own_eval_after']:.3f}.",
+        "evaluator (one vLLM engine loading each snapshot, scored as asyncrl's rollout worker does) for every side"
+        + (f"; asyncrl's own evaluation of its run (the test problems): {a['own_eval_before']:.3f} → {a['own_eval_after']:.3f}."
+           if a.get("own_eval_before") is not None else " (asyncrl's own evaluation was off: `run.eval=false`)."),
         "",
         f"Greedy accuracy on the {n_eval} {held} problems at each snapshot (training seconds in brackets):",
         "",

@@ -67,3 +67,9 @@ def test_the_choice_table_marks_the_kept_rates():
     assert "| 5e-4 | **0.420** | **0.350** | 0.310 |" in text
     assert "| 2.5e-4 | 0.330 | 0.300 | **0.310** |" in text
     assert "Threshold for the test runs (the lowest of these, rounded down): **0.31**." in text
+
+
+def test_the_dev_phase_never_reads_the_test_problems():
+    dev = ap.dev_args("configs/a.yaml", "configs/a_sync.yaml", "5e-4", 64, 8, 200)
+    assert ("--set", "run.eval=false") in zip(dev, dev[1:])  # asyncrl's own evaluation scores the test problems
+    assert ("--split", "dev") in zip(dev, dev[1:])
