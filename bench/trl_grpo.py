@@ -49,7 +49,7 @@ from itertools import islice
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # asyncrl.core.config, .tasks and .lora need only yaml, torch and peft
+sys.path.insert(0, str(ROOT))  # asyncrl (installed editable, no deps, by vs_trl.ensure_venv: it maps asyncrl.algorithms)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

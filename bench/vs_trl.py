@@ -90,6 +90,7 @@ TRL_VENV = ROOT / "bench" / ".venv-trl"
 TRL_REQUIREMENTS = ROOT / "bench" / "trl_requirements.txt"
 TRL_VLLM_VENV = ROOT / "bench" / ".venv-trl-vllm"  # --vllm only
 TRL_VLLM_REQUIREMENTS = ROOT / "bench" / "trl_vllm_requirements.txt"
+EDITABLE = "asyncrl (editable, --no-deps)"  # part of what a TRL environment is made from (ensure_venv)
 SENSITIVITY = (-0.10, -0.05, 0.0, 0.05, 0.10)  # thresholds reported besides --threshold, relative to it
 TRL_NAMES = {"trl": "TRL GRPOTrainer", "trl_vllm": "TRL + vLLM colocate"}  # a TRL run's key in the JSON -> its column
 SIDE_NAMES = {"sync": "asyncrl, synchronous", **TRL_NAMES}  # every side asyncrl is compared with (--sync-config: "sync")
@@ -213,10 +214,13 @@ def ensure_venv(venv: Path, requirements: Path, remove: tuple[str, ...] = ()) ->
     """Create `venv` when missing or made from other requirements; the install seconds, or None when it was there.
 
     torch goes in alone first: `torch==2.13.0` resolves to the local CPU wheel on these machines, while letting
-    another package pull torch in brings the CUDA build. `remove`: packages uninstalled afterwards.
+    another package pull torch in brings the CUDA build. Then asyncrl itself, editable and without its
+    dependencies: bench/trl_grpo.py reads the job with asyncrl's config, tasks and LoRA code, and the package maps
+    `asyncrl.actors` and `asyncrl.algorithms` to the repository's actors/ and algorithms/, which only an install
+    resolves. `remove`: packages uninstalled afterwards.
     """
     stamp = venv / ".vs-trl-installed"  # the requirements it was made from
-    want = hashlib.sha256("\n".join(requirement_lines(requirements)).encode()).hexdigest()[:16]
+    want = hashlib.sha256("\n".join([*requirement_lines(requirements), EDITABLE]).encode()).hexdigest()[:16]
     if stamp.is_file() and stamp.read_text().strip() == want:
         return None
     torch_pin = [r for r in requirement_lines(requirements) if r.startswith("torch==")]
@@ -230,6 +234,7 @@ def ensure_venv(venv: Path, requirements: Path, remove: tuple[str, ...] = ()) ->
         [str(py), "-m", "pip", "install", "-q", "--upgrade", "pip"],
         [str(py), "-m", "pip", "install", "-q", torch_pin[0]],
         [str(py), "-m", "pip", "install", "-q", "-r", str(requirements)],
+        [str(py), "-m", "pip", "install", "-q", "--no-deps", "-e", str(ROOT)],
     ]
     if remove:
         steps.append([str(py), "-m", "pip", "uninstall", "-y", "-q", *remove])
