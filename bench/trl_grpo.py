@@ -120,9 +120,10 @@ def policy_weights(model: torch.nn.Module, lora: bool) -> dict[str, torch.Tensor
     """What a snapshot holds: with LoRA, the merged weights asyncrl's learner would send (checkpoint names);
     else the whole state_dict."""
     if lora:
-        from asyncrl.core.lora import merged_named_weights, sync_modules
+        from asyncrl.core.lora import merged_weight, sync_modules
 
-        return {n: t.clone() for n, t in merged_named_weights(model, sync_modules(model))}
+        with torch.no_grad():
+            return {f"{name}.weight": merged_weight(model, name).clone() for name in sync_modules(model)}
     return {k: v.detach().cpu() for k, v in model.state_dict().items()}
 
 

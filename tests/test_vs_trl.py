@@ -248,3 +248,29 @@ def test_table_has_a_column_and_a_ratio_for_the_synchronous_side(vs_trl):
     assert "| seconds to accuracy ≥ 0.40 | 200.0 s (step 16) | 300.0 s (step 16) | 400.0 s (step 16) |" in text
     assert "asyncrl / asyncrl, synchronous: time to 0.40 **1.50x** faster" in text
     assert "asyncrl / TRL + vLLM colocate: time to 0.40 **2.00x** faster" in text
+
+
+def test_trl_lora_snapshot_holds_the_merged_weights_a_sync_sends(trl_grpo, random_model_dir):
+    """What TRL's snapshots hold with LoRA: asyncrl's sync names and merged values (base + scaling * B @ A), so one
+    evaluator loads both sides' snapshots the same way."""
+    import torch
+    from peft import get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from asyncrl.core.config import load_config
+    from asyncrl.core.lora import sync_modules
+
+    cfg = load_config(BENCH.parent / "configs" / "smollm2_word_problems.yaml", ["learner.lora.top_layers=1"])
+    base = AutoModelForCausalLM.from_pretrained(random_model_dir, dtype=torch.float32)
+    model = get_peft_model(base, trl_grpo.peft_config(cfg, base.config.num_hidden_layers))
+    for name, p in model.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(p)  # B starts at zero: make the adapter change the weights
+    weights = trl_grpo.policy_weights(model, lora=True)
+    assert list(weights) == [f"{m}.weight" for m in sync_modules(model)] and weights
+    name = next(n for n in weights if n.endswith("q_proj.weight"))
+    layer = model.get_submodule("base_model.model." + name.removesuffix(".weight"))
+    a, b = layer.lora_A["default"].weight, layer.lora_B["default"].weight
+    expected = layer.get_base_layer().weight + (b @ a) * layer.scaling["default"]
+    assert torch.allclose(weights[name], expected, atol=1e-6)
+    assert not weights[name].requires_grad
