@@ -28,6 +28,7 @@ import sys
 from pathlib import Path
 
 from results_io import provenance, publish  # bench/ is on sys.path when a benchmark runs as a script
+from vs_trl import SIDE_NAMES
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "bench"
@@ -87,7 +88,7 @@ def common_args(config: str, sync_config: str, steps: int, every: int, dev_size:
 
 def render(data: dict) -> str:
     """The choice's table: final dev accuracy per rate and side, the chosen rates and the threshold."""
-    names = {"asyncrl": "asyncrl", "sync": "asyncrl, synchronous", "trl_vllm": "TRL + vLLM colocate"}
+    names = {"asyncrl": "asyncrl", **SIDE_NAMES}
     sides = list(data["lr"])
     lines = [f"`{Path(data['config']).name}`: dev accuracy (the {data['dev_size']} dev problems, greedy) at the last of "
              f"{data['steps']} steps, per learning rate; **bold**: the rate each side keeps", "",

@@ -19,9 +19,10 @@ import sys
 from pathlib import Path
 
 from results_io import provenance, publish  # bench/ is on sys.path when a benchmark runs as a script
+from vs_trl import SIDE_NAMES  # its module level is constants and pure functions: nothing heavy is imported
 
 ROOT = Path(__file__).resolve().parents[1]
-SIDES = {"asyncrl": "asyncrl", "sync": "asyncrl, synchronous", "trl": "TRL GRPOTrainer", "trl_vllm": "TRL + vLLM colocate"}  # as bench/vs_trl.py
+SIDES = {"asyncrl": "asyncrl", **SIDE_NAMES}  # every side's key in a vs_trl record -> its column
 SAME = ("threshold", "split", "config", "trl_config", "sync_config")
 
 
