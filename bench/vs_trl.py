@@ -122,15 +122,21 @@ def asyncrl_points(rows: list[dict], steps: list[int]) -> list[dict]:
     return points
 
 
+def same_job(asyncrl_cfg, other_cfg, who: str) -> None:
+    """A SystemExit naming what differs when `other_cfg` differs from asyncrl's job in more than scheduling and
+    the learning rate (each side's is tuned on its own)."""
+    from asyncrl.analysis.bounds import SCHEDULING_KEYS, unlike
+
+    differ = unlike(asyncrl_cfg.to_dict(), other_cfg.to_dict(), SCHEDULING_KEYS | {"learner.lr"})
+    if differ:
+        raise SystemExit(f"vs_trl: {who} differs from asyncrl's in more than scheduling and the learning rate: {'; '.join(differ)}")
+
+
 def trl_schedule(asyncrl_cfg, trl_cfg, steps: int, every: int) -> tuple[int, int]:
     """TRL's optimizer steps and snapshot interval that train the samples of asyncrl's `steps` learner steps and
     snapshot at the same sample counts; a SystemExit when the two jobs differ in more than scheduling and the
     learning rate (each side's is tuned on its own) or do not divide evenly."""
-    from asyncrl.analysis.bounds import SCHEDULING_KEYS, unlike
-
-    differ = unlike(asyncrl_cfg.to_dict(), trl_cfg.to_dict(), SCHEDULING_KEYS | {"learner.lr"})
-    if differ:
-        raise SystemExit(f"vs_trl: TRL's job differs from asyncrl's in more than scheduling and the learning rate: {'; '.join(differ)}")
+    same_job(asyncrl_cfg, trl_cfg, "TRL's job")
     update = trl_cfg.learner.batch_size // trl_cfg.learner.mini_batches  # samples per TRL optimizer step
     per_step = asyncrl_cfg.learner.batch_size
     if (steps * per_step) % trl_cfg.learner.batch_size or (every * per_step) % update:
@@ -144,11 +150,7 @@ def sync_schedule(asyncrl_cfg, sync_cfg, steps: int, every: int) -> tuple[int, i
     learner steps and snapshot at the same sample counts (each of its steps trains a whole generation,
     `learner.batch_size`, in `learner.mini_batches` updates); a SystemExit when the two jobs differ in more than
     scheduling and the learning rate or do not divide evenly."""
-    from asyncrl.analysis.bounds import SCHEDULING_KEYS, unlike
-
-    differ = unlike(asyncrl_cfg.to_dict(), sync_cfg.to_dict(), SCHEDULING_KEYS | {"learner.lr"})
-    if differ:
-        raise SystemExit(f"vs_trl: the synchronous job differs from asyncrl's in more than scheduling and the learning rate: {'; '.join(differ)}")
+    same_job(asyncrl_cfg, sync_cfg, "the synchronous job")
     per_step, generation = asyncrl_cfg.learner.batch_size, sync_cfg.learner.batch_size
     if (steps * per_step) % generation or (every * per_step) % generation:
         raise SystemExit(f"vs_trl: {steps} steps of {per_step} samples (snapshots every {every}) are not whole synchronous "
