@@ -28,15 +28,12 @@ from asyncrl.core.config import Config
 from asyncrl.core.messages import GroupScored, RewardStats
 from asyncrl.core.schema import Status
 from asyncrl.core.scoring import RewardCache, Scored, ScoringProcess, cache_key
-from asyncrl.core.tasks import Prompt
+from asyncrl.core.prompts import Prompt
 from asyncrl.core.util import pin_to_cores
 
 SCORING_TRIES = 6
 """Hand-overs of one group to the reward pool (the first and retries 2, 4, 8, 16 s apart, to the next actor each
 time) before it is recorded as dropped_error: enough for Ray to restart a reward actor that died."""
-
-SCORING_CHECK_S = 0.02
-"""How often the loop collects the reward pool's answers (a `ray.wait` over every group in scoring: not every engine step)."""
 
 LATENCY_LIMIT = 100_000
 """Latencies kept between two stats calls (a stalled controller must not grow the actor without bound)."""

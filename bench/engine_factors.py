@@ -141,7 +141,8 @@ def measure(args, cfg) -> dict:
     learner_cores = [c for c in cfg.learner.cpu_affinity if c in os.sched_getaffinity(0)]  # before this process is pinned
     from asyncrl.actors.engine import VLLMEngine
     from asyncrl.core.models import model_dir
-    from asyncrl.core.tasks import encode_prompt, make_task
+    from asyncrl.core.chat import encode_prompt
+    from asyncrl.core.tasks import make_task
     from asyncrl.core.util import pin_to_cores
 
     rollout_cores = pin_to_cores(cfg.rollout.cpu_affinity)

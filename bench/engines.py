@@ -48,7 +48,8 @@ def child(args) -> None:
     from asyncrl.actors.engines import make_engine
     from asyncrl.core.config import load_config
     from asyncrl.core.models import model_dir
-    from asyncrl.core.tasks import encode_prompt, make_task
+    from asyncrl.core.chat import encode_prompt
+    from asyncrl.core.tasks import make_task
     from asyncrl.core.util import pin_to_cores
 
     cfg = load_config(args.config)
@@ -93,7 +94,8 @@ def probe_ids(cfg, model_path: str) -> list[int]:
     """A fixed sequence to score: the task's first prompt and its first eval answer's text, as the engine sees it."""
     from transformers import AutoTokenizer
 
-    from asyncrl.core.tasks import encode_prompt, make_task
+    from asyncrl.core.chat import encode_prompt
+    from asyncrl.core.tasks import make_task
 
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     prompt = next(make_task(cfg.task, cfg.run.seed, cfg.data).train_prompts(seed=1))

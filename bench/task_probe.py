@@ -33,7 +33,9 @@ def probe(config: str, problems: int, k: int, threads: int) -> dict:
     from asyncrl.actors.engine import VLLMEngine
     from asyncrl.core.config import load_config
     from asyncrl.core.models import model_dir
-    from asyncrl.core.tasks import encode_prompt, make_reward, make_task
+    from asyncrl.core.chat import encode_prompt
+    from asyncrl.core.rewards import make_reward
+    from asyncrl.core.tasks import make_task
 
     cfg = load_config(ROOT / config)
     os.environ.setdefault("OMP_NUM_THREADS", str(threads))

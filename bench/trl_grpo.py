@@ -30,7 +30,7 @@ TRL's "dapo"), `mask_truncated` (TRL's `mask_truncated_completions`), the KL
 weight (TRL's beta), the task's prompt stream (worker 0's, eval problems
 excluded) and reward function, the chat template (`task.chat`: conversational
 prompts, which TRL renders with the generation prompt opened, as
-asyncrl.core.tasks.encode_prompt does), float32, and LoRA (`learner.lora`: the same
+asyncrl.core.chat.encode_prompt does), float32, and LoRA (`learner.lora`: the same
 rank, alpha, target modules and top layers, through peft as asyncrl's learner).
 Generation is TRL's default on a CPU: transformers' `generate`; with --vllm,
 vLLM colocated in this process (`use_vllm=True, vllm_mode="colocate"`; needs
@@ -59,7 +59,9 @@ import torch  # noqa: E402
 from transformers import TrainerCallback  # noqa: E402
 
 from asyncrl.core.config import Config, load_config  # noqa: E402
-from asyncrl.core.tasks import Prompt, make_reward, make_task  # noqa: E402
+from asyncrl.core.prompts import Prompt  # noqa: E402
+from asyncrl.core.rewards import make_reward
+from asyncrl.core.tasks import make_task
 
 
 def settings(cfg: Config) -> dict:

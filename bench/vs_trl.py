@@ -365,7 +365,9 @@ def evaluate(config: Path, model: str, sides: list[list[dict]], overrides: list[
 
     from asyncrl.actors.engine import VLLMEngine
     from asyncrl.core.config import load_config
-    from asyncrl.core.tasks import encode_prompt, make_reward, make_task
+    from asyncrl.core.chat import encode_prompt
+    from asyncrl.core.rewards import make_reward
+    from asyncrl.core.tasks import make_task
 
     t0 = time.perf_counter()
     cfg = load_config(config, overrides)

@@ -78,7 +78,8 @@ def main() -> None:
     from asyncrl.actors.engine import VLLMEngine
     from asyncrl.core.config import load_config
     from asyncrl.core.models import model_dir
-    from asyncrl.core.tasks import encode_prompt, make_task
+    from asyncrl.core.chat import encode_prompt
+    from asyncrl.core.tasks import make_task
     from asyncrl.core.util import pin_to_cores
 
     cfg = load_config(args.config)

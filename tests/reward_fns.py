@@ -7,7 +7,7 @@ import sys
 import time
 
 from asyncrl.core.reward_traits import reward
-from asyncrl.core.tasks import exact_match
+from asyncrl.core.rewards import exact_match
 
 
 def length(prompt, response: str) -> float:

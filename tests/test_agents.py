@@ -5,11 +5,16 @@ template to agents of tests/agents_fixture.py, which call it with the `openai` c
 tokens are exactly the rendered first request, the engine's sampled replies and the tokens of the messages the
 agent added (masked, version -1); what the client was answered (text, log-probs, token ids) is what was stored;
 bad requests get a clear 4xx and an agent that rewrites its conversation drops its group with the reason.
-The request parsing and the conversation check are tested without an engine.
+The request parsing, the conversation check and the HTTP endpoint (asyncrl.core.agent_endpoint, with a thread
+standing for the worker's loop) are tested without an engine.
 """
 from __future__ import annotations
 
 import json
+import threading
+import time
+import urllib.error
+import urllib.request
 
 import pytest
 import ray
@@ -17,12 +22,15 @@ from transformers import AutoTokenizer
 
 from asyncrl.actors.buffer import ReplayBuffer
 from asyncrl.actors.engines import engine_runtime_env
-from asyncrl.core.agents import AWAIT, AgentEnd, AgentRun, ChatRequest, ChatRequestError, divergence, normalise_messages, parse_request
-from asyncrl.core.envs import EpisodeLimits
+from asyncrl.core.agent_endpoint import Endpoint
+from asyncrl.core.agents import AWAIT, AgentEnd, AgentRun
+from asyncrl.core.chat_api import ChatRequest, ChatRequestError, divergence, normalise_messages, parse_request
+from asyncrl.core.episode import EpisodeLimits
 from asyncrl.core.config import ConfigError, load_config
-from asyncrl.core.envs import observation_ids
+from asyncrl.core.chat import observation_ids
 from asyncrl.core.store import read_trajectories
-from asyncrl.core.tasks import Prompt, encode_prompt
+from asyncrl.core.chat import encode_prompt
+from asyncrl.core.prompts import Prompt
 from tests.agents_fixture import QUESTION, STOP
 from tests.test_episodes import SteppedEpisodes
 from tests.test_weight_update import ray_session  # noqa: F401 - a fixture
@@ -47,8 +55,11 @@ def test_requests_are_parsed_and_bad_ones_refused_with_the_reason():
                         ({"messages": [{"role": "user", "content": "x"}], "user": "e", "stop": list("abcde")}, "at most 4")):
         with pytest.raises(ChatRequestError, match=words):
             parse_request(json.dumps(body).encode(), None)
-    with pytest.raises(ChatRequestError, match="JSON"):
-        parse_request(b"{", None)
+    for payload in (b"{", b"\xff"):  # not JSON, not UTF-8
+        with pytest.raises(ChatRequestError, match="not JSON"):
+            parse_request(payload, None)
+    with pytest.raises(ChatRequestError, match="JSON object"):
+        parse_request(b"[]", "e")
     with pytest.raises(ChatRequestError, match="text content"):
         normalise_messages([{"role": "user", "content": [{"type": "image_url"}]}])
 
@@ -59,6 +70,99 @@ def test_a_request_must_repeat_the_conversation_and_add_to_it():
     assert "assistant's reply" in divergence(known, [known[0], {"role": "assistant", "content": "b"}, {"role": "user", "content": "x"}])
     assert "adds no message" in divergence(known, known)
     assert "has 1 messages" in divergence(known, known[:1])
+
+
+def http(url: str, body: dict | bytes | None = None, headers: dict | None = None) -> tuple[int, dict]:
+    """One request to the endpoint (a GET without a body, else a POST): (status, JSON body)."""
+    data = json.dumps(body).encode() if isinstance(body, dict) else body
+    request = urllib.request.Request(url, data, {"Content-Type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as reply:
+            return reply.status, json.loads(reply.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def answering(endpoint: Endpoint, stop: threading.Event) -> threading.Thread:
+    """A thread standing for the worker's loop: it answers each request with its last message, fails "fail" with a
+    400 and leaves "silent" unanswered."""
+    def loop() -> None:
+        while not stop.is_set():
+            for request in endpoint.take():
+                said = request.messages[-1]["content"]
+                if said == "fail":
+                    request.fail(400, "refused by the loop")
+                elif said != "silent":
+                    request.answer({"episode": request.episode_id, "said": said, "max_tokens": request.max_tokens})
+            time.sleep(0.005)
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    return thread
+
+
+def ask(episode: str | None, said: str, **extra) -> dict:
+    return {"messages": [{"role": "user", "content": said}], **({"user": episode} if episode else {}), **extra}
+
+
+def test_the_endpoint_routes_checks_queues_and_answers_requests():
+    endpoint, stop = Endpoint(0, lambda episode_id: episode_id in ("e1", "e2"), wait_s=10.0), threading.Event()
+    answering(endpoint, stop)
+    url = endpoint.base_url
+    try:
+        assert url.startswith("http://127.0.0.1:") and not url.endswith(":0/v1")  # port 0: a free one
+        models = {"object": "list", "data": [{"id": "policy", "object": "model", "owned_by": "asyncrl"}]}
+        assert http(f"{url}/models") == http(f"{url}/models/") == (200, models)
+        assert http(f"{url}/chat/completions", ask("e1", "hi", max_tokens=3)) == (200, {"episode": "e1", "said": "hi", "max_tokens": 3})
+        assert http(f"{url}/chat/completions/", ask(None, "hey"), {"X-Episode-Id": "e2"})[1]["episode"] == "e2"
+        both = "POST /v1/chat/completions, GET /v1/models"
+        for route, body, message in (("nope", None, f"no route /v1/nope: {both}"),
+                                     ("chat/completions", None, f"no route /v1/chat/completions: {both}"),
+                                     ("models", {}, "no route /v1/models: POST /v1/chat/completions")):
+            assert http(f"{url}/{route}", body) == (404, {"error": {"message": message, "type": "invalid_request_error"}})
+        for body, status, words in ((b"{", 400, "not JSON"), (ask(None, "x"), 400, "episode_id"), (ask("e3", "x"), 404, "no episode 'e3'"),
+                                    (ask("e1", "x", stream=True), 400, "stream"), (ask("e1", "x", n=2), 400, "n=2"),
+                                    (ask("e1", "x", tools=[{"type": "function"}]), 400, "tools"), (ask("e1", "x", max_tokens=0), 400, "max_tokens"),
+                                    (ask("e1", "fail"), 400, "refused by the loop")):
+            status_got, reply = http(f"{url}/chat/completions", body)
+            assert status_got == status and words in reply["error"]["message"] and reply["error"]["type"] == "invalid_request_error"
+        replies: list = [None] * 16  # more than the default executor's threads: the waits must not hold threads
+        threads = [threading.Thread(target=lambda i=i: replies.__setitem__(i, http(f"{url}/chat/completions", ask("e1", str(i)))))
+                   for i in range(16)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert replies == [(200, {"episode": "e1", "said": str(i), "max_tokens": None}) for i in range(16)]
+    finally:
+        stop.set()
+        endpoint.close()
+
+
+def test_the_endpoint_times_out_closes_and_refuses_a_port_in_use():
+    endpoint, stop = Endpoint(0, lambda episode_id: True, wait_s=0.3), threading.Event()
+    answering(endpoint, stop)
+    url, port = endpoint.base_url, int(endpoint.base_url.rsplit(":", 1)[1].split("/")[0])
+    try:
+        timed_out = {"error": {"message": "no reply within 0.3 s (env.agent_timeout_s)", "type": "invalid_request_error"}}
+        assert http(f"{url}/chat/completions", ask("e", "silent")) == (504, timed_out)
+        with pytest.raises(OSError):
+            Endpoint(port, lambda episode_id: True, wait_s=1.0)
+    finally:
+        stop.set()
+        endpoint.close()
+    assert not endpoint.thread.is_alive()
+    endpoint = Endpoint(port, lambda episode_id: True, wait_s=60.0)  # the port is free again; nobody answers here
+    replies: list = []
+    waiter = threading.Thread(target=lambda: replies.append(http(f"{endpoint.base_url}/chat/completions", ask("e", "x"))))
+    waiter.start()
+    deadline = time.monotonic() + 30
+    while not endpoint.waiting and time.monotonic() < deadline:
+        time.sleep(0.01)
+    t0 = time.monotonic()
+    endpoint.close()  # answers the waiting request 503 and stops
+    waiter.join(30)
+    assert time.monotonic() - t0 < 10 and not endpoint.thread.is_alive()
+    assert replies == [(503, {"error": {"message": "the endpoint closed", "type": "invalid_request_error"}})]
 
 
 def hand_run(max_turns=3, max_tokens=20) -> AgentRun:

@@ -4,8 +4,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
-from asyncrl.core.config import ConfigError, load_config, parse_override
+from asyncrl.core.config import (Config, ConfigError, RolloutConfig, config_from_dict, cross_checks, load_config,
+                                 parse_override)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -134,3 +136,51 @@ def test_the_synchronous_baseline_is_the_async_recipe_run_in_turns():
                        ("learner", "cpu_affinity"), ("learner", "torch_threads"), ("run", "output_dir")}
     assert sync["learner"]["batch_size"] // sync["learner"]["mini_batches"] == asyn["learner"]["batch_size"]  # update size
     assert sync["rollout"]["max_inflight_groups"] * sync["rollout"]["group_size"] == sync["learner"]["batch_size"]
+
+
+@pytest.mark.parametrize("sections", [
+    {"rollout": {"keep_kv": True, "engine": "sglang"}},  # a section's own rule
+    {"rollout": {"tensor_parallel_size": 2}},
+    {"learner": {"lora": {"rank": 8, "target_modules": []}}},  # a nested section's
+    {"learner": {"batch_size": 16, "num_workers": 3}},
+    {"algorithm": {"rc_low": 2.0, "rc_high": 1.0}},
+    {"run": {"eval_pass_k": 2}},
+    {"learner": {"batch_size": 10}},  # two sections' (rollout.group_size is 8)
+    {"model": {"max_model_len": 8}},
+    {"task": {"eval_size": 500}},
+    {"model": {"path": "/m"}, "task": {"name": "dataset"}},
+    {"task": {"reward": "reward_model"}, "reward": {"num_workers": 1}},
+])
+def test_a_config_built_in_code_breaks_the_rules_a_loaded_one_does(sections):
+    with pytest.raises(ConfigError) as loaded:
+        config_from_dict(sections)
+    expected = (loaded.value.key, str(loaded.value))
+    with pytest.raises(ConfigError) as from_mappings:
+        Config(**sections)
+    assert (from_mappings.value.key, str(from_mappings.value)) == expected
+    with pytest.raises(ConfigError) as from_sections:  # each section built first: its own rules fire there
+        Config(**{name: Config.model_fields[name].annotation(**values) for name, values in sections.items()})
+    assert (from_sections.value.key, str(from_sections.value)) == expected
+
+
+def test_a_section_built_alone_keeps_pydantics_error_for_a_bad_value():
+    with pytest.raises(ConfigError, match=r"^rollout\.tensor_parallel_size: must be 1 on the CPU"):
+        RolloutConfig(tensor_parallel_size=2)
+    with pytest.raises(ValidationError):  # no section to name in the key: asyncrl.export reads it so
+        RolloutConfig(group_size=1)
+
+
+def test_a_changed_config_is_checked_again_by_cross_checks():
+    cfg = Config()
+    assert cross_checks(cfg) is cfg
+    copied = cfg.model_copy(update={"rollout": RolloutConfig(max_new_tokens=64)})  # pydantic does not validate an update
+    with pytest.raises(ConfigError, match="^model.max_model_len: must exceed rollout.max_new_tokens"):
+        cross_checks(copied)
+    cfg.task.eval_size = 500  # nor an assignment
+    with pytest.raises(ConfigError, match="^task.eval_size: must be <= 200 with model.path=tiny"):
+        cross_checks(cfg)
+
+
+def test_a_run_config_yaml_reads_back_as_the_same_config():
+    cfg = load_config(ROOT / "configs/smoke.yaml")
+    assert config_from_dict(cfg.to_dict()) == cfg

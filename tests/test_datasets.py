@@ -14,7 +14,9 @@ from asyncrl.core.config import ConfigError, DataConfig, load_config
 from asyncrl.core.datasets import DataTask, split_indices
 from asyncrl.core.models.tiny import build_tokenizer
 from asyncrl.core.scoring import cache_key
-from asyncrl.core.tasks import Prompt, Record, encode_prompt, make_task
+from asyncrl.core.chat import encode_prompt
+from asyncrl.core.prompts import Prompt, Record
+from asyncrl.core.tasks import make_task
 
 RECORDS = [{"question": f"{i}+{i}=", "answer": str(2 * i), "meta": {"level": i % 3, "truth": str(2 * i)}} for i in range(12)]
 

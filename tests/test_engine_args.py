@@ -113,7 +113,7 @@ def test_make_engine_passes_the_options_on(monkeypatch, name, cls):
 
 
 def test_rollout_worker_builds_its_engine_from_the_config(monkeypatch):
-    from asyncrl.actors import rollout
+    from asyncrl.actors.rollout import worker as rollout
 
     class Built(Exception):
         pass

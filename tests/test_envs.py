@@ -8,11 +8,11 @@ import pytest
 from transformers import AutoTokenizer
 
 from asyncrl.core.config import load_config
-from asyncrl.core.envs import (
-    CalculatorEnv, Environment, EnvStep, Episode, EpisodeLimits, EpisodeRun, GuessNumberEnv, ToolCall, arithmetic_problem,
-    calculator, make_environment, observation_ids, registered_environments,
-)
-from asyncrl.core.tasks import Prompt, make_task
+from asyncrl.core.chat import observation_ids
+from asyncrl.core.envs import arithmetic_problem, calculator, CalculatorEnv, Environment, EnvStep, GuessNumberEnv, make_environment, registered_environments, ToolCall
+from asyncrl.core.episode import Episode, EpisodeLimits, EpisodeRun
+from asyncrl.core.prompts import Prompt
+from asyncrl.core.tasks import make_task
 from tests.envs_fixture import ScriptedEnv
 
 

@@ -20,10 +20,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from asyncrl.actors.buffer import ReplayBuffer
 from asyncrl.actors.engines import engine_runtime_env
-from asyncrl.actors.rollout import RolloutWorker
+from asyncrl.actors.rollout.worker import RolloutWorker
 from asyncrl.core.batching import collate, token_logprobs
 from asyncrl.core.config import load_config
-from asyncrl.core.envs import observation_ids
+from asyncrl.core.chat import observation_ids
 from asyncrl.core.store import read_trajectories
 from tests.test_e2e import run_smoke
 from tests.test_reward_pool import scoring_children
@@ -47,14 +47,14 @@ class SteppedEpisodes(RolloutWorker):
             return outs
 
         self.engine.step = recorded
-        self._start_groups(groups)
-        while self.inflight:
-            self._advance_episodes()
+        self.flight.start_groups(groups)
+        while self.flight.groups:
+            self.flight.advance()
             if self.engine.has_unfinished():
-                self._step()
+                self.loop.step()
             else:
                 time.sleep(0.005)
-        ray.get(self.pending_puts)
+        self.link.flush()
         return seen
 
 

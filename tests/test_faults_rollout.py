@@ -1,7 +1,7 @@
 """Faults in a rollout worker are counted drops, not crashes, and nothing goes unrecorded.
 
 Fast: the reward runner's timeout and its bound on stuck threads, and the
-count of groups in a row whose reward failed (a worker with a stub engine).
+count of groups in a row whose reward failed (the in-loop reward hand-off alone).
 Slow (a real engine on the random tiny model and a real ReplayBuffer actor, no
 learner): a reward that hangs past `task.reward_timeout_s`, a reward that
 always raises, and empty or over-long prompts in the prompt stream. Each slow
@@ -13,18 +13,21 @@ import itertools
 import threading
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import ray
 
 from asyncrl.actors.buffer import ReplayBuffer
-from asyncrl.actors.engine import Finished
-from asyncrl.actors.rollout import RolloutWorker, _Group
+from asyncrl.actors.rollout.records import sample_record
+from asyncrl.actors.rollout.scoring import FailureStreak, InLoopScoring
+from asyncrl.actors.rollout.state import Group, SampleState
+from asyncrl.actors.rollout.worker import RolloutWorker
 from asyncrl.core.config import load_config
+from asyncrl.core.episode import SingleTurn
 from asyncrl.core.messages import GroupId, WorkerCounters
 from asyncrl.core.store import read_trajectories
-from asyncrl.core.tasks import Prompt, RewardRunner, RewardThreadsStuck, RewardTimeout
+from asyncrl.core.prompts import Prompt
+from asyncrl.core.reward_runner import RewardRunner, RewardThreadsStuck, RewardTimeout
 
 slow = pytest.mark.slow
 GROUP = 4
@@ -84,24 +87,30 @@ def test_reward_runner_times_out_and_bounds_stuck_threads():
     assert runner._started == 2
 
 
-def stub_worker(reward, max_failures: int) -> RolloutWorker:
-    """A RolloutWorker without an engine, enough to score groups."""
-    worker = object.__new__(RolloutWorker)
-    worker.id, worker.run_id, worker.version, worker.error = 0, "t", 0, None
-    worker.cfg = load_config(None, [f"rollout.group_size={GROUP}", "task.reward=my.reward"])
-    worker.engine = SimpleNamespace(tokenizer=SimpleNamespace(decode=lambda ids, skip_special_tokens: "x" * len(ids)))
-    worker.reward = RewardRunner(reward, timeout_s=5.0)
-    worker.max_reward_failures, worker.reward_failures = max_failures, 0
-    worker.counters = WorkerCounters()
-    return worker
+class Scorer:
+    """The in-loop reward hand-off with its failure streak, as a worker builds it, putting into a list."""
+
+    def __init__(self, reward, max_failures: int) -> None:
+        self.put, self.error, self.counters = [], None, WorkerCounters()
+        self.streak = FailureStreak(max_failures, "my.reward", self.fail)
+        self.scoring = InLoopScoring(RewardRunner(reward, timeout_s=5.0), self.put.append, self.streak, self.counters)
+
+    def fail(self, why: str) -> None:
+        self.error = self.error or f"rollout worker 0: {why}"
+
+    def score(self, group: Group) -> list[dict]:
+        records = [sample_record("t", 0, group, group.samples[sid], lambda ids: "x" * len(ids)) for sid in sorted(group.samples)]
+        self.scoring.hand_off(group, records)
+        return self.put[-1]
 
 
-def finished_group(n: int) -> _Group:
-    group = _Group(GroupId("t", 0, n), PROMPT, [1, 2], time.time())
+def finished_group(n: int) -> Group:
+    group = Group(GroupId("t", 0, n), PROMPT, [1, 2], time.time())
     for i in range(GROUP):
         sid = group.gid.sample_id(i)
-        group.starts[sid] = 0
-        group.done[sid] = (Finished(sid, [5] * (i + 1), [-1.0] * (i + 1), "stop"), 0, time.time())
+        driver = SingleTurn([1, 2], 8)
+        driver.model_turn([5] * (i + 1), [-1.0] * (i + 1), [0] * (i + 1), "stop")
+        group.samples[sid] = SampleState(sid, driver, 0, ended=(0, time.time()))
     return group
 
 
@@ -113,22 +122,22 @@ def test_reward_failing_for_every_sample_of_n_groups_in_a_row_is_an_error():
             raise ValueError("boom")
         return 1.0
 
-    worker = stub_worker(reward, max_failures=3)
+    worker = Scorer(reward, max_failures=3)
     for g in range(2):
-        rows = worker._score(finished_group(g))
+        rows = worker.score(finished_group(g))
         assert {(r["status"], r["status_reason"]) for r in rows} == {("dropped_error", "reward raised ValueError('boom')")}
-    assert worker.reward_failures == 2 and worker.error is None
+    assert worker.streak.count == 2 and worker.error is None
 
     fail["on"] = False  # a group where some samples score: dropped as a whole, but the reward works
-    rows = worker._score(finished_group(100))
+    rows = worker.score(finished_group(100))
     assert [r["status_reason"] for r in rows] == ["reward raised ValueError('boom')"] + ["a sample of its group failed"] * 3
     assert [r["reward"] for r in rows] == [None, 1.0, 1.0, 1.0]
-    assert worker.reward_failures == 0 and worker.error is None
+    assert worker.streak.count == 0 and worker.error is None
 
     fail["on"] = True
     for g in range(3):
         assert worker.error is None
-        worker._score(finished_group(200 + g))
+        worker.score(finished_group(200 + g))
     assert worker.error == ("rollout worker 0: reward 'my.reward' failed for the last 3 groups: reward raised ValueError('boom')")
     assert worker.counters.reward_errors == 5 * GROUP + 1
 
@@ -159,7 +168,7 @@ def stop_and_read(worker: RolloutWorker, buffer, store_dir: Path) -> tuple[dict,
     counts = ray.get(buffer.stats.remote())
     ray.get(buffer.close.remote())
     rows = read_trajectories(store_dir).to_pylist()
-    assert len(rows) == len({r["sample_id"] for r in rows}) == worker.next_group * GROUP  # every sample of every group, once
+    assert len(rows) == len({r["sample_id"] for r in rows}) == worker.flight.next_group * GROUP  # every sample of every group, once
     assert all(r["status"] for r in rows)
     return end, counts, rows
 
@@ -168,7 +177,7 @@ def stop_and_read(worker: RolloutWorker, buffer, store_dir: Path) -> tuple[dict,
 def test_a_reward_past_its_timeout_drops_its_group_and_the_loop_goes_on(random_model_dir, ray_local, tmp_path):
     SLEEPS["left"] = 2
     worker, buffer = make_worker(random_model_dir, tmp_path / "traj", "tests.test_faults_rollout.hanging_reward", reward_timeout_s=0.2)
-    assert worker.reward.timeout_s == 0.2
+    assert worker.scoring.runner.timeout_s == 0.2
     worker.start()
     wait_for(lambda: worker.counters.groups_done >= 4)
     assert worker.stats().error is None and worker.thread.is_alive()
@@ -209,9 +218,9 @@ def test_empty_and_overlong_prompts_are_counted_drops(random_model_dir, ray_loca
     worker, buffer = make_worker(random_model_dir, tmp_path / "traj", "exact_match")
     long_text = "12345+" * 20 + "1="
     n_long = len(worker.engine.tokenizer(long_text).input_ids)
-    assert n_long > worker.max_prompt == 56
+    assert n_long > worker.maker.max_prompt == 56
     good = (Prompt(f"{i}+1", f"{i}+1=", str(i + 1)) for i in itertools.count())
-    worker.prompts = itertools.chain(
+    worker.flight.prompts = itertools.chain(
         [next(good), Prompt("empty", "", "0"), next(good), Prompt("long", long_text, "0"), next(good)], good
     )
     worker.start()
@@ -222,7 +231,7 @@ def test_empty_and_overlong_prompts_are_counted_drops(random_model_dir, ray_loca
     assert len(batch) == 2 * GROUP
     end, counts, rows = stop_and_read(worker, buffer, tmp_path / "traj")
 
-    assert end.bad_prompts == 2 and end.groups_started == worker.next_group - 2
+    assert end.bad_prompts == 2 and end.groups_started == worker.flight.next_group - 2
     by_prompt = {}
     for r in rows:
         by_prompt.setdefault(r["prompt_id"], []).append(r)

@@ -10,7 +10,8 @@ import pytest
 
 from asyncrl.core.config import load_config
 from asyncrl.core.reward_files import VerlReward, check_reward_file, reward_runtime_env
-from asyncrl.core.tasks import Prompt, Record, make_reward
+from asyncrl.core.prompts import Prompt, Record
+from asyncrl.core.rewards import make_reward
 from asyncrl.orchestration.controller import check_plugins
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -11,7 +11,7 @@ from asyncrl.actors.reward import RewardWorker
 from asyncrl.core.config import ConfigError, load_config
 from asyncrl.core.reward_model import RewardModel
 from asyncrl.core.scoring import ScoringProcess, reward_traits
-from asyncrl.core.tasks import Prompt
+from asyncrl.core.prompts import Prompt
 from tests.test_reward_pool import GROUP, records
 
 PROMPTS = [Prompt("a", "1+1=", "2"), Prompt("b", "12+30=", "42"), Prompt("c", "7+8=", "15")]

@@ -22,7 +22,7 @@ from asyncrl.core.config import load_config
 from asyncrl.core.messages import GroupId
 from asyncrl.core.schema import new_sample
 from asyncrl.core.store import read_trajectories
-from asyncrl.core.tasks import Prompt
+from asyncrl.core.prompts import Prompt
 from tests.test_e2e import ROOT, actor_processes
 from tests.test_scoring import alive
 
@@ -255,9 +255,9 @@ def test_groups_held_by_a_reward_actor_that_dies_are_handed_over_again_and_score
     deadline = time.monotonic() + 120
     while ray.get(buffer.stats.remote())["buffered_groups"] < 1 and time.monotonic() < deadline:  # the actor scores
         time.sleep(0.01)
-    while len(worker.pool.scoring) < 3 and time.monotonic() < deadline:  # groups queue up: 100 ms per call of 2 samples
+    while len(worker.scoring.client.scoring) < 3 and time.monotonic() < deadline:  # groups queue up: 100 ms per call of 2 samples
         time.sleep(0.01)
-    held = {hand.records[0]["group_id"] for hand in list(worker.pool.scoring.values())}
+    held = {hand.records[0]["group_id"] for hand in list(worker.scoring.client.scoring.values())}
     assert len(held) >= 3
     ray.kill(pool.actors[0], no_restart=False)  # its process dies with the groups it held; Ray starts it again
     deadline = time.monotonic() + 180
@@ -266,7 +266,7 @@ def test_groups_held_by_a_reward_actor_that_dies_are_handed_over_again_and_score
     end = worker.stop()
     pool.close()
     rows = stored(buffer, tmp_path / "traj")
-    assert len(rows) == len({r["sample_id"] for r in rows}) == worker.next_group * GROUP  # every sample once
+    assert len(rows) == len({r["sample_id"] for r in rows}) == worker.flight.next_group * GROUP  # every sample once
     statuses = Counter((r["status"], r["status_reason"]) for r in rows)
     assert end.scoring_retries >= 1 and end.reward_errors == 0 and end.error is None, (end, statuses)
     scored = {r["group_id"] for r in rows if r["status"] == "unconsumed_at_end" and r["reward"] is not None}

@@ -8,7 +8,8 @@ import pytest
 
 from asyncrl.core.reward_traits import RewardTraits, per_sample, reward, traits_of
 from asyncrl.core.scoring import RewardCache, ScoringProcess, cache_key, percentile
-from asyncrl.core.tasks import Prompt, exact_match
+from asyncrl.core.prompts import Prompt
+from asyncrl.core.rewards import exact_match
 
 P = Prompt("p0", "1+1=", "2")
 

@@ -13,7 +13,7 @@ from asyncrl.core.models.cache import ModelSource
 from asyncrl.orchestration.controller import Controller
 from asyncrl.core.models import smollm2
 from asyncrl.core.models import resolve_model_path
-from asyncrl.core.tasks import encode_prompt
+from asyncrl.core.chat import encode_prompt
 
 LOGPROB_TOL = 2e-2
 """Largest per-token gap allowed between the engine's and the learner's log-prob of a sampled token, fp32 on both

@@ -4,8 +4,9 @@ import itertools
 import pytest
 
 from asyncrl.core.config import TaskConfig
-from asyncrl.core.tasks import (ANSWER_FORMAT, AdditionTask, Prompt, WordProblemTask, carry_free_sum, exact_match, final_number, make_reward,
-                           make_task, numeric_match, word_problem)
+from asyncrl.core.prompts import Prompt
+from asyncrl.core.rewards import exact_match, final_number, make_reward, numeric_match
+from asyncrl.core.tasks import AdditionTask, ANSWER_FORMAT, carry_free_sum, make_task, word_problem, WordProblemTask
 
 
 def length_reward(prompt: Prompt, response: str) -> float:

@@ -23,7 +23,7 @@ import ray
 
 from asyncrl.actors.buffer import ReplayBuffer
 from asyncrl.actors.engines import engine_runtime_env
-from asyncrl.actors.rollout import RolloutWorker
+from asyncrl.actors.rollout.worker import RolloutWorker
 from asyncrl.core.config import load_config
 from asyncrl.orchestration.cluster import ACTOR_ENV
 from asyncrl.core.schema import new_sample
@@ -112,7 +112,7 @@ def ray_session():
 
 
 class SteppedWorker(RolloutWorker):
-    """A RolloutWorker whose loop the test runs by hand: weights never arrive (an update only moves the version)."""
+    """A RolloutWorker whose generation loop the test steps by hand: weights never arrive (an update only moves the version)."""
 
     def prime_and_update(self) -> tuple[list[str], list[str]]:
         """Start two groups of 4, step until some samples, not all, have finished and update to version 1 in the
@@ -121,15 +121,15 @@ class SteppedWorker(RolloutWorker):
         have finished a few by itself before the abort reached them, which are then collected as finished)."""
         self.engine.receive_weights = lambda payload=None, keep_kv=False: 0
         self.spy()
-        self._start_groups(2)
-        while len(list(self._request_ids())) == 8:
-            self._step()
-        before = list(self._request_ids())
+        self.flight.start_groups(2)
+        while len(list(self.flight.running())) == 8:
+            self.loop.step()
+        before = list(self.flight.running())
         self.update_weights(1)
-        return before, list(self._request_ids())
+        return before, list(self.flight.running())
 
     def running(self) -> list[str]:
-        return sorted(self._request_ids())
+        return sorted(self.flight.running())
 
     def spy(self) -> None:
         """Keep every output the engine hands back (finished ones, and the partial ones an abort returns)."""
@@ -146,16 +146,16 @@ class SteppedWorker(RolloutWorker):
 
     def finish(self) -> dict[str, list]:
         """Step until every running request has finished; returns what the engine handed back for each sample."""
-        while list(self._request_ids()):
-            self._step()
+        while list(self.flight.running()):
+            self.loop.step()
         return self.seen
 
     def tokens_generated(self) -> int:
         return self.counters.tokens
 
     def state(self) -> dict:
-        return {"resubmitted": self.counters.resubmitted, "drain_s": self.counters.drain_s, "version": self.version,
-                "engine_busy": self.engine.has_unfinished(), "inflight": len(self.inflight)}
+        return {"resubmitted": self.counters.resubmitted, "drain_s": self.counters.drain_s, "version": self.loop.version,
+                "engine_busy": self.engine.has_unfinished(), "inflight": len(self.flight)}
 
 
 def make_worker(engine: str, mode: str, model_dir: str, store_dir: Path):

@@ -4,7 +4,8 @@ Every field is declared once, with its type (`Literal` for the string options), 
 to it (the attribute docstring, kept as the field's description). `load_config` rejects an unknown key, a value
 of the wrong type and an impossible value with a `ConfigError` whose message starts with the dotted key and,
 for an option, lists the allowed values, before any actor starts; `python -m asyncrl.run` turns it into exit
-status 2. Rules that tie two keys together are `cross_checks`, below the sections.
+status 2. Rules that tie two keys together are validators (`_rules`): a section's own on the section, those
+that tie two sections together on `Config`; they run wherever a Config is built, from YAML or in code.
 """
 from __future__ import annotations
 
@@ -15,11 +16,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from asyncrl.algorithms.correction import PRESETS as ROLLOUT_CORRECTIONS
 from asyncrl.core.reward_files import absolute_reward_name
-from asyncrl.core.tasks import TINY_HELD_OUT
+
+TINY_HELD_OUT = 200
+"""Eval problems the tiny model's warm-start never trains on (a larger eval set would leak)."""
 
 
 class ConfigError(ValueError):
@@ -33,6 +36,17 @@ class ConfigError(ValueError):
 class _Section(BaseModel):
     """Unknown keys are errors; types are strict (an int is taken for a float, nothing else is converted)."""
     model_config = ConfigDict(extra="forbid", strict=True, use_attribute_docstrings=True, validate_default=False)
+
+    def __init__(self, /, **data: Any) -> None:
+        """Built in code, a broken rule raises its ConfigError, not pydantic's ValidationError around it (a key's own
+        type or bound error stays pydantic's: a section built alone cannot name its section)."""
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            raise (_broken_rule(exc) or exc) from None
+
+    # Not a custom __init__ to pydantic (as pydantic-settings does): model_validate and nested sections skip it.
+    __init__.__pydantic_base_init__ = True  # type: ignore[attr-defined]
 
 
 class ModelConfig(_Section):
@@ -73,6 +87,12 @@ class TaskConfig(_Section):
     @classmethod
     def _absolute_reward_file(cls, value: str) -> str:
         return absolute_reward_name(value)
+
+    @model_validator(mode="after")
+    def _rules(self) -> TaskConfig:
+        _check(self.dev_size == 0 or self.name in ("addition", "word_problems"), "task.dev_size",
+               f"holds out problems of the built-in addition and word_problems tasks, not of task.name={self.name}")
+        return self
 
 
 class DataConfig(_Section):
@@ -121,6 +141,15 @@ class EnvConfig(_Section):
     endpoint_port: int = Field(0, ge=0, le=65535)
     """Port of the chat-completions endpoint on 127.0.0.1 (env.agent); 0: a free one (the agent is given its base_url)."""
 
+    @model_validator(mode="after")
+    def _rules(self) -> EnvConfig:
+        """The environment and the agent load (their own code is imported here, before any actor starts)."""
+        if self.name:
+            _check_environment_loads(self)
+        if self.agent:
+            _check_agent_loads(self)
+        return self
+
 
 class RolloutConfig(_Section):
     engine: Literal["vllm", "sglang"] = "vllm"
@@ -164,6 +193,19 @@ class RolloutConfig(_Section):
     max_restarts: int = Field(3, ge=0)
     """Rollout worker replacements allowed per run: a worker whose process dies is replaced (its unfinished groups are recorded as dropped_error with the reason); past this many the run stops."""
 
+    @model_validator(mode="after")
+    def _rules(self) -> RolloutConfig:
+        _check(not self.keep_kv or (self.weight_update == "keep" and self.engine == "vllm"), "rollout.keep_kv",
+               f"keeps running requests' KV across a load: it needs rollout.weight_update=keep and rollout.engine=vllm "
+               f"(got {self.weight_update}, {self.engine})")
+        tp = self.tensor_parallel_size
+        _check(tp == 1 or self.num_gpus > 0, "rollout.tensor_parallel_size",
+               f"must be 1 on the CPU (rollout.num_gpus=0); {tp} needs a GPU run with rollout.num_gpus >= {tp}")
+        _check(self.num_gpus == 0 or self.num_gpus >= tp, "rollout.num_gpus",
+               f"must be >= rollout.tensor_parallel_size ({self.num_gpus} < {tp}): each engine's tensor-parallel ranks need one GPU each, all reserved by its rollout actor")
+        _check_resources("rollout.resources", self.resources)
+        return self
+
 
 class RewardConfig(_Section):
     num_workers: int = Field(0, ge=0)
@@ -189,6 +231,11 @@ class RewardConfig(_Section):
     max_restarts: int = Field(3, ge=0)
     """Times Ray restarts a reward actor whose process died; the rollout workers hand the groups it held over again (to the next actor)."""
 
+    @model_validator(mode="after")
+    def _rules(self) -> RewardConfig:
+        _check_resources("reward.resources", self.resources)
+        return self
+
 
 class BufferConfig(_Section):
     max_staleness: int = Field(1, ge=0)
@@ -212,6 +259,11 @@ class LoRAConfig(_Section):
     """Names of the linear layers that get an adapter (every attention and MLP projection of Llama/Qwen models by default)."""
     top_layers: int = Field(0, ge=0)
     """Adapt only the last this many decoder layers (0: all). The backward pass stops below the lowest adapted layer and a sync sends fewer weights: on a CPU the cheapest way to make a learner step fit."""
+
+    @model_validator(mode="after")
+    def _rules(self) -> LoRAConfig:
+        _check(self.rank == 0 or bool(self.target_modules), "learner.lora.target_modules", "must name at least one module")
+        return self
 
 
 class LearnerConfig(_Section):
@@ -266,6 +318,18 @@ class LearnerConfig(_Section):
     def sync_bucket_bytes(self) -> int:
         return int(self.sync_bucket_mb * 2**20)
 
+    @model_validator(mode="after")
+    def _rules(self) -> LearnerConfig:
+        _check(self.batch_size % self.mini_batches == 0, "learner.mini_batches", "must divide learner.batch_size")
+        _check(self.lora.rank == 0 or self.weight_transport == "broadcast", "learner.lora.rank",
+               "LoRA syncs merged weights by broadcast; cuda_ipc is not supported with it")
+        _check(self.batch_size % (self.num_workers * self.mini_batches) == 0, "learner.num_workers",
+               f"learner.batch_size ({self.batch_size}) must split evenly into num_workers x mini_batches shards")
+        _check(not self.offload or (self.device != "cpu" and self.num_gpus > 0), "learner.offload",
+               "offloads a GPU learner's state to host memory: it needs learner.num_gpus > 0 and learner.device cuda or auto (a CPU learner's state is in host memory already)")
+        _check_resources("learner.resources", self.resources)
+        return self
+
 
 class AlgorithmConfig(_Section):
     name: str = "grpo"
@@ -315,6 +379,12 @@ class AlgorithmConfig(_Section):
     value_clip: float = Field(0.2, gt=0)
     """Critic value-loss clip: new values may move at most this far from the old ones per step."""
 
+    @model_validator(mode="after")
+    def _rules(self) -> AlgorithmConfig:
+        low, high = self.rc_low if self.rc_low is not None else 0.0, self.rc_high if self.rc_high is not None else float("inf")
+        _check(low < high, "algorithm.rc_low", f"must be below algorithm.rc_high ({self.rc_low} >= {self.rc_high})")
+        return self
+
 
 class LoggingConfig(_Section):
     wandb: bool = True
@@ -353,6 +423,11 @@ class RunConfig(_Section):
     checkpoint_hf: bool = True
     """Every checkpoint also holds the policy as a Hugging Face model directory (checkpoints/step-NNNNNN/hf/: config, safetensors, tokenizer, generation config; with LoRA the merged model and the adapter in hf/adapter/), which transformers and vLLM load as is. Costs a gather of the whole policy to learner rank 0 and a model's size of disk per checkpoint kept; false: only the sharded state (`python -m asyncrl.export RUN_DIR` converts it later)."""
 
+    @model_validator(mode="after")
+    def _rules(self) -> RunConfig:
+        _check(self.eval_pass_k == 0 or self.eval_every > 0, "run.eval_pass_k", "samples during validation: it needs run.eval_every > 0")
+        return self
+
 
 class Config(_Section):
     model: ModelConfig = Field(default_factory=ModelConfig)
@@ -374,6 +449,29 @@ class Config(_Section):
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump()
 
+    @model_validator(mode="after")
+    def _rules(self) -> Config:
+        """The rules that tie keys of two sections together, each named by the key to change (a section's own rules,
+        each key's type, options and bounds, were checked with the section)."""
+        r, lr, t = self.rollout, self.learner, self.task
+        _check_model(self)
+        if t.name == "dataset":
+            _check_data(self)
+        _check_batches(self)
+        _check(lr.weight_transport != "cuda_ipc" or (lr.device != "cpu" and lr.num_gpus > 0 and r.num_gpus > 0),
+               "learner.weight_transport",
+               "cuda_ipc needs the learner and the engines on a GPU (learner.num_gpus and rollout.num_gpus > 0, e.g. 0.5 each to share one)")
+        _check(t.reward != "reward_model" or self.reward.num_workers > 0, "reward.num_workers",
+               "task.reward=reward_model scores in the reward pool: give reward.num_workers >= 1")
+        _check(t.reward != "reward_model" or bool(self.reward.model_path), "reward.model_path",
+               "must name a local sequence-classification model directory when task.reward=reward_model")
+        if self.env.name:
+            _check_environment(self)
+        if self.env.agent:
+            _check_agent(self)
+        _check_eval_every(self)
+        return self
+
 
 def _check(ok: bool, key: str, message: str) -> None:
     if not ok:
@@ -388,8 +486,18 @@ def _dotted(loc: tuple) -> str:
     return key
 
 
+def _broken_rule(exc: ValidationError) -> ConfigError | None:
+    """The ConfigError a rule (a `_rules` validator) raised, where it is the first problem: pydantic wraps it."""
+    error = exc.errors()[0].get("ctx", {}).get("error")
+    return error if isinstance(error, ConfigError) else None
+
+
 def _config_error(exc: ValidationError) -> ConfigError:
-    """The first problem pydantic found, named by its dotted key; an unknown key lists the known ones."""
+    """The first problem pydantic found, named by its dotted key; an unknown key lists the known ones; a broken
+    rule is its own ConfigError."""
+    rule = _broken_rule(exc)
+    if rule is not None:
+        return rule
     err = exc.errors()[0]
     key = _dotted(err["loc"])
     if err["type"] == "extra_forbidden":
@@ -430,70 +538,42 @@ def _looks_like_float(raw: str) -> bool:
 
 
 def cross_checks(cfg: Config) -> Config:
-    """The rules that tie keys together (each key's own type, options and bounds are its field's), each named by the
-    key to change."""
-    r, b, lr, a, t = cfg.rollout, cfg.buffer, cfg.learner, cfg.algorithm, cfg.task
-    _check(cfg.model.max_model_len > r.max_new_tokens, "model.max_model_len", "must exceed rollout.max_new_tokens")
-    _check(
-        cfg.model.path != "tiny" or t.eval_size <= TINY_HELD_OUT,
-        "task.eval_size",
-        f"must be <= {TINY_HELD_OUT} with model.path=tiny (its warm-start held out only that many problems)",
-    )
-    _check(cfg.model.path != "tiny" or t.name in ("addition", "dataset"), "model.path",
+    """Every rule again, on a Config changed since it was built (pydantic validates neither an assignment nor
+    `model_copy(update=...)`): the same Config back, or the ConfigError. A Config just built needs none of it."""
+    try:
+        Config.model_validate(cfg.to_dict())
+    except ValidationError as exc:
+        raise _config_error(exc) from None
+    return cfg
+
+
+def _check_resources(key: str, resources: dict[str, float]) -> None:
+    _check(all(v > 0 for v in resources.values()), key, "resource amounts must be > 0")
+    _check(not {"CPU", "GPU", "memory"} & set(resources), key, "use num_cpus / num_gpus for CPU and GPU")
+
+
+def _check_model(cfg: Config) -> None:
+    """What the model's length and the tiny model allow."""
+    t = cfg.task
+    _check(cfg.model.max_model_len > cfg.rollout.max_new_tokens, "model.max_model_len", "must exceed rollout.max_new_tokens")
+    if cfg.model.path != "tiny":
+        return
+    _check(t.eval_size <= TINY_HELD_OUT, "task.eval_size",
+           f"must be <= {TINY_HELD_OUT} with model.path=tiny (its warm-start held out only that many problems)")
+    _check(t.name in ("addition", "dataset"), "model.path",
            'tiny is built for "a+b=" addition prompts only (task.name=addition, or a dataset of them); give a model directory')
-    if t.name == "dataset":
-        _check_data(cfg)
-    _check(
-        lr.batch_size % r.group_size == 0,
-        "learner.batch_size",
-        f"must be a multiple of rollout.group_size ({lr.batch_size} % {r.group_size} != 0)",
-    )
+    _check(t.dev_size == 0, "task.dev_size",
+           "must be 0 with model.path=tiny: its warm start trained on every problem outside its held-out ones")
+
+
+def _check_batches(cfg: Config) -> None:
+    """A learner batch is whole groups, and the buffer holds one; the over-long ramp fits in a response."""
+    r, lr, a = cfg.rollout, cfg.learner, cfg.algorithm
+    _check(lr.batch_size % r.group_size == 0, "learner.batch_size",
+           f"must be a multiple of rollout.group_size ({lr.batch_size} % {r.group_size} != 0)")
     _check(a.overlong_penalty == 0 or 0 < a.overlong_buffer < r.max_new_tokens, "algorithm.overlong_buffer",
            f"must be in 1..{r.max_new_tokens - 1} (below rollout.max_new_tokens) when algorithm.overlong_penalty > 0")
-    low, high = a.rc_low if a.rc_low is not None else 0.0, a.rc_high if a.rc_high is not None else float("inf")
-    _check(low < high, "algorithm.rc_low", f"must be below algorithm.rc_high ({a.rc_low} >= {a.rc_high})")
-    _check(t.dev_size == 0 or t.name in ("addition", "word_problems"), "task.dev_size",
-           f"holds out problems of the built-in addition and word_problems tasks, not of task.name={t.name}")
-    _check(t.dev_size == 0 or cfg.model.path != "tiny", "task.dev_size",
-           "must be 0 with model.path=tiny: its warm start trained on every problem outside its held-out ones")
-    _check(not r.keep_kv or (r.weight_update == "keep" and r.engine == "vllm"), "rollout.keep_kv",
-           f"keeps running requests' KV across a load: it needs rollout.weight_update=keep and rollout.engine=vllm "
-           f"(got {r.weight_update}, {r.engine})")
-    _check(b.capacity_groups >= cfg.groups_per_step, "buffer.capacity_groups", "must hold at least one batch")
-    _check(lr.batch_size % lr.mini_batches == 0, "learner.mini_batches", "must divide learner.batch_size")
-    _check(lr.lora.rank == 0 or bool(lr.lora.target_modules), "learner.lora.target_modules", "must name at least one module")
-    _check(
-        lr.lora.rank == 0 or lr.weight_transport == "broadcast", "learner.lora.rank", "LoRA syncs merged weights by broadcast; cuda_ipc is not supported with it"
-    )
-    _check(
-        lr.weight_transport != "cuda_ipc" or (lr.device != "cpu" and lr.num_gpus > 0 and r.num_gpus > 0),
-        "learner.weight_transport",
-        "cuda_ipc needs the learner and the engines on a GPU (learner.num_gpus and rollout.num_gpus > 0, e.g. 0.5 each to share one)",
-    )
-    _check(
-        lr.batch_size % (lr.num_workers * lr.mini_batches) == 0,
-        "learner.num_workers",
-        f"learner.batch_size ({lr.batch_size}) must split evenly into num_workers x mini_batches shards",
-    )
-    _check(not lr.offload or (lr.device != "cpu" and lr.num_gpus > 0), "learner.offload",
-           "offloads a GPU learner's state to host memory: it needs learner.num_gpus > 0 and learner.device cuda or auto (a CPU learner's state is in host memory already)")
-    _check(r.tensor_parallel_size == 1 or r.num_gpus > 0, "rollout.tensor_parallel_size",
-           f"must be 1 on the CPU (rollout.num_gpus=0); {r.tensor_parallel_size} needs a GPU run with rollout.num_gpus >= {r.tensor_parallel_size}")
-    _check(r.num_gpus == 0 or r.num_gpus >= r.tensor_parallel_size, "rollout.num_gpus",
-           f"must be >= rollout.tensor_parallel_size ({r.num_gpus} < {r.tensor_parallel_size}): each engine's tensor-parallel ranks need one GPU each, all reserved by its rollout actor")
-    _check(t.reward != "reward_model" or cfg.reward.num_workers > 0, "reward.num_workers",
-           "task.reward=reward_model scores in the reward pool: give reward.num_workers >= 1")
-    _check(t.reward != "reward_model" or bool(cfg.reward.model_path), "reward.model_path",
-           "must name a local sequence-classification model directory when task.reward=reward_model")
-    if cfg.env.name:
-        _check_environment(cfg)
-    if cfg.env.agent:
-        _check_agent(cfg)
-    _check_eval_every(cfg)
-    for key, res in (("rollout.resources", r.resources), ("learner.resources", lr.resources), ("reward.resources", cfg.reward.resources)):
-        _check(all(v > 0 for v in res.values()), key, "resource amounts must be > 0")
-        _check(not {"CPU", "GPU", "memory"} & set(res), key, "use num_cpus / num_gpus for CPU and GPU")
-    return cfg
+    _check(cfg.buffer.capacity_groups >= cfg.groups_per_step, "buffer.capacity_groups", "must hold at least one batch")
 
 
 def _check_data(cfg: Config) -> None:
@@ -505,22 +585,23 @@ def _check_data(cfg: Config) -> None:
     _check(not d.system_prompt or cfg.task.chat, "data.system_prompt", "is a chat turn: it needs task.chat=true")
 
 
-def _check_environment(cfg: Config) -> None:
+def _check_environment_loads(e: EnvConfig) -> None:
     from asyncrl.core.envs import make_environment
 
-    e = cfg.env
     try:
         make_environment(e.name)
     except ValueError as exc:
         raise ConfigError("env.name", str(exc)) from None
-    _check(cfg.model.max_model_len > e.max_episode_tokens, "model.max_model_len", "must exceed env.max_episode_tokens")
+
+
+def _check_environment(cfg: Config) -> None:
+    _check(cfg.model.max_model_len > cfg.env.max_episode_tokens, "model.max_model_len", "must exceed env.max_episode_tokens")
     _check(cfg.reward.num_workers == 0, "reward.num_workers", "must be 0 with env.name: an episode's reward is its environment's")
 
 
 def _check_eval_every(cfg: Config) -> None:
     """Validation during training: right after a publish (so a multiple of learner.sync_every), one response per request."""
     run, sync_every = cfg.run, cfg.learner.sync_every
-    _check(run.eval_pass_k == 0 or run.eval_every > 0, "run.eval_pass_k", "samples during validation: it needs run.eval_every > 0")
     if run.eval_every == 0:
         return
     _check(run.eval_every % sync_every == 0, "run.eval_every",
@@ -529,22 +610,24 @@ def _check_eval_every(cfg: Config) -> None:
            "validation during training evaluates single-turn tasks; with env.name or env.agent set it to 0 (run.eval still evaluates before and after)")
 
 
-def _check_agent(cfg: Config) -> None:
-    from asyncrl.core.tasks import load_object
+def _check_agent_loads(e: EnvConfig) -> None:
+    from asyncrl.core.plugins import load_object
 
-    e = cfg.env
     _check(not e.name, "env.agent", "an agent plays its own episodes: leave env.name empty")
     try:
         fn = load_object(e.agent)
     except ValueError as exc:
         raise ConfigError("env.agent", str(exc)) from None
     _check(callable(fn), "env.agent", f"{e.agent!r} is not callable (an agent is `agent(task: dict) -> float`)")
+
+
+def _check_agent(cfg: Config) -> None:
     _check(cfg.task.chat, "task.chat", "must be true with env.agent: the agent's messages are rendered by the chat template")
     _check(cfg.rollout.weight_update != "abort", "rollout.weight_update",
            "abort restarts an episode from its first turn, which a black-box agent cannot do: use keep, resume or drain")
     _check(cfg.reward.num_workers == 0, "reward.num_workers", "must be 0 with env.agent: an episode's reward is the agent's")
-    _check(cfg.model.max_model_len > e.max_episode_tokens, "model.max_model_len", "must exceed env.max_episode_tokens")
-    _check(e.endpoint_port == 0 or cfg.rollout.num_workers == 1, "env.endpoint_port",
+    _check(cfg.model.max_model_len > cfg.env.max_episode_tokens, "model.max_model_len", "must exceed env.max_episode_tokens")
+    _check(cfg.env.endpoint_port == 0 or cfg.rollout.num_workers == 1, "env.endpoint_port",
            "a fixed port serves one rollout worker per node: use 0 (a free port each) with rollout.num_workers > 1")
 
 
@@ -636,7 +719,7 @@ def config_from_dict(data: dict[str, Any]) -> Config:
         raise _config_error(exc) from None
     if cfg.model.dtype == "auto":
         cfg.model.dtype = resolve_auto_dtype(cfg)
-    return cross_checks(cfg)
+    return cfg
 
 
 def resolve_auto_dtype(cfg: Config) -> str:

@@ -31,8 +31,8 @@ synchronous baselines `configs/*_sync.yaml` are written so.
 
 The config is validated when it is loaded, before any actor starts: an unknown key, a value of the wrong type
 (strict: an int is taken for a float, nothing else is converted), a value outside a key's options or bounds,
-and the few rules that tie two keys together (`cross_checks` in `asyncrl/core/config.py`) are one error that
-names the dotted key, e.g.
+and the rules that tie two keys together (the `_rules` validators in `asyncrl/core/config.py`, which check a
+config built in code too) are one error that names the dotted key, e.g.
 `asyncrl: config error: algorithm.correction: input should be 'decoupled', 'tis' or 'none', got 'magic'`
 (exit status 2).
 """

@@ -21,7 +21,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from asyncrl.core.tasks import Prompt, Record
+from asyncrl.core.prompts import Prompt, Record
 
 if TYPE_CHECKING:
     import datasets

@@ -1,4 +1,4 @@
-"""Multi-turn environments (issue 18): the plugin API, tool calls, and an episode's token bookkeeping.
+"""Multi-turn environments: the plugin API, tool calls, the registry, and the built-in environments.
 
 An environment plays one episode with the model. The rollout worker owns the loop:
 
@@ -8,8 +8,9 @@ An environment plays one episode with the model. The rollout worker owns the loo
    on its argument in a separate process, off the engine loop, killed at its timeout, and `env.tool_result`
    turns the result into the next step. Otherwise `env.step(text)` answers the turn (a game's reply, or the
    final answer checked).
-4. An `EnvStep` that is not done carries the observation; it is tokenised once (`observation_ids`) and
-   appended to the episode's tokens, and the next model turn continues from exactly those tokens.
+4. An `EnvStep` that is not done carries the observation; it is tokenised once (asyncrl.core.chat.observation_ids) and
+   appended to the episode's tokens, and the next model turn continues from exactly those tokens
+   (asyncrl.core.episode.EpisodeRun keeps that bookkeeping).
 
 Tools are plain top-level functions `str -> str` (picklable by reference), so a slow or hung tool never holds
 the environment's state or the engine. Environments are found like algorithms: a built-in name
@@ -21,10 +22,12 @@ import ast
 import operator
 import random
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, ClassVar
 
-from asyncrl.core.tasks import Prompt, final_number, load_object
+from asyncrl.core.plugins import load_object
+from asyncrl.core.prompts import Prompt
+from asyncrl.core.rewards import final_number
 
 # ---- the plugin API --------------------------------------------------------------------------
 
@@ -239,192 +242,3 @@ class GuessNumberEnv(Environment):
         if guess == self.prompt.answer:
             return EnvStep(done=True, reward=1.0, reason="found")
         return EnvStep(observation="higher" if int(float(guess)) < int(self.prompt.answer) else "lower")
-
-
-
-
-# ---- an episode's tokens -------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Turn:
-    """One span of an episode's response tokens: a model turn (sampled) or an observation (appended)."""
-
-    role: str  # "model" | "observation"
-    start: int  # offsets into the episode's response tokens
-    end: int
-    tool: str | None = None  # the tool a model turn called, or whose result an observation is
-    text: str = ""  # the turn's text (a model turn's decoded from its tokens, for reading: the tokens are what counts)
-
-
-@dataclass
-class Episode:
-    """The tokens of one episode after its prompt, exactly as they were sampled or appended: `response_ids`,
-    with per token the loss mask (1 sampled, 0 appended), the behaviour log-prob and the policy version that
-    sampled it (0.0 and -1 for appended tokens), and the turns' boundaries."""
-
-    prompt_ids: list[int]
-    response_ids: list[int] = field(default_factory=list)
-    loss_mask: list[int] = field(default_factory=list)
-    behavior_logprobs: list[float] = field(default_factory=list)
-    token_versions: list[int] = field(default_factory=list)
-    turns: list[Turn] = field(default_factory=list)
-
-    def add_model_turn(self, ids: list[int], logprobs: list[float], versions: list[int], call: ToolCall | None = None, text: str = "") -> None:
-        if not len(ids) == len(logprobs) == len(versions):
-            raise ValueError(f"a model turn needs one log-prob and one version per token: {len(ids)}, {len(logprobs)}, {len(versions)}")
-        start = len(self.response_ids)
-        self._extend(ids, [1] * len(ids), logprobs, versions)
-        self.turns.append(Turn("model", start, len(self.response_ids), call.name if call else None, text))
-
-    def add_observation(self, ids: list[int], text: str, tool: str | None = None) -> None:
-        start = len(self.response_ids)
-        self._extend(ids, [0] * len(ids), [0.0] * len(ids), [-1] * len(ids))
-        self.turns.append(Turn("observation", start, len(self.response_ids), tool, text))
-
-    def _extend(self, ids, mask, lps, versions) -> None:
-        self.response_ids += ids
-        self.loss_mask += mask
-        self.behavior_logprobs += lps
-        self.token_versions += versions
-
-    def next_input(self) -> list[int]:
-        """The exact tokens the engine is given for the next model turn."""
-        return self.prompt_ids + self.response_ids
-
-    def model_turns(self) -> int:
-        return sum(t.role == "model" for t in self.turns)
-
-    def sampled_versions(self) -> list[int]:
-        """The versions of the model-sampled tokens, in order (the episode's staleness is judged by the oldest)."""
-        return [v for v, m in zip(self.token_versions, self.loss_mask) if m]
-
-
-def observation_ids(tokenizer, text: str | list[dict], chat: bool, after_eos: bool = True) -> list[int]:
-    """The tokens appended for an observation, tokenised once. With `task.chat` they are what the chat template
-    puts between the end of an assistant turn and the start of the next one, with the observation as a user
-    message (or `text`'s messages, an agent's: asyncrl.core.agents): the template's rendering of [user,
-    assistant, user(text)] + generation prompt from just after the assistant's content on. When the model's turn ended with its own EOS (`after_eos`), that EOS is not
-    repeated; a turn that ended otherwise (a stop string, its token limit) is closed by the template's EOS,
-    appended like the rest. The model's own turn is never re-tokenised."""
-    messages = [{"role": "user", "content": text}] if isinstance(text, str) else list(text)
-    if not chat:
-        return list(tokenizer("".join(m["content"] for m in messages), add_special_tokens=False).input_ids)
-    marker = "\x00ASSISTANT\x00"
-    base = [{"role": "user", "content": "u"}, {"role": "assistant", "content": marker}]
-    rendered = tokenizer.apply_chat_template(base + messages, add_generation_prompt=True, tokenize=False)
-    if rendered.count(marker) != 1:
-        raise ValueError("the chat template does not render an assistant turn followed by a user turn; "
-                         "observations cannot be appended token-in/token-out with it")
-    tail = rendered[rendered.index(marker) + len(marker):]
-    eos = tokenizer.eos_token or ""
-    if after_eos and eos and tail.startswith(eos):
-        tail = tail[len(eos):]
-    return list(tokenizer(tail, add_special_tokens=False).input_ids)
-
-
-# ---- an environment's own task ---------------------------------------------------------------------
-
-
-class EpisodeTask:
-    """The task records of a built-in environment (`Environment.record`): a held-out set and an endless train
-    stream, both deterministic for the seed, as the single-turn tasks are."""
-
-    def __init__(self, env: type[Environment], task, seed: int) -> None:
-        self.env, self.task, self.seed = env, task, seed
-        rng = random.Random(f"{env.name}-eval-{seed}")
-        self._eval = [Prompt(f"eval-{i}", *env.record(rng, task)) for i in range(task.eval_size)]
-
-    @property
-    def name(self) -> str:
-        return self.env.name
-
-    def eval_prompts(self) -> list[Prompt]:
-        return list(self._eval)
-
-    def train_prompts(self, seed: int, start: int = 0):
-        """Endless records; `start` skips that many (a data cursor)."""
-        rng = random.Random(f"{self.env.name}-train-{seed}")
-        i = 0
-        while True:
-            text, answer = self.env.record(rng, self.task)
-            if i >= start:
-                yield Prompt(f"train-{seed}-{i}", text, answer)
-            i += 1
-
-
-# ---- one episode in play ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class EpisodeLimits:
-    max_turns: int  # model turns
-    max_tokens: int  # response tokens of an episode, sampled and appended
-    turn_tokens: int  # most tokens of one model turn (rollout.max_new_tokens)
-
-
-class EpisodeRun:
-    """One episode between the engine and its environment, whoever drives it (the rollout worker, in training
-    and in evaluation): `model_turn` takes a turn as the engine sampled it and returns the tool call to run, if
-    any; `tool_done` / `tool_failed` take its outcome. When neither ended the episode, `episode.next_input()` is
-    the next turn's input and `turn_budget()` its token limit. `end` is set once it has ended, and
-    `finish_reason` says how: "stop" (the environment ended it), "max_turns", "length" (no room for another
-    token in env.max_episode_tokens) or "tool_error" (a tool timed out or crashed: `end.reason` says which)."""
-
-    def __init__(self, env: Environment, prompt_ids: list[int], limits: EpisodeLimits,
-                 observe: Callable[[str, bool], list[int]], decode: Callable[[list[int]], str], eos_ids: frozenset[int]) -> None:
-        self.env, self.limits, self.observe, self.decode, self.eos_ids = env, limits, observe, decode, eos_ids
-        self.episode = Episode(list(prompt_ids))
-        self.pending: ToolCall | None = None
-        self.end: EnvStep | None = None
-        self.finish_reason: str | None = None
-        self._closed = True  # the last model turn ended with an EOS
-
-    @property
-    def done(self) -> bool:
-        return self.end is not None
-
-    @property
-    def stop(self) -> tuple[str, ...]:
-        """The strings that end a model turn: the environment's."""
-        return self.env.stop
-
-    def turn_budget(self) -> int:
-        return min(self.limits.turn_tokens, self.limits.max_tokens - len(self.episode.response_ids))
-
-    def model_turn(self, ids: list[int], logprobs: list[float], versions: list[int]) -> ToolCall | None:
-        """Append a model turn; returns the tool call the caller must run (then `tool_done`/`tool_failed`)."""
-        text = self.decode(ids)
-        call = self.env.tool_call(text)
-        self.episode.add_model_turn(ids, logprobs, versions, call, text)
-        self._closed = bool(ids) and ids[-1] in self.eos_ids
-        if call is None:
-            self._after(self.env.step(text))
-        elif self.episode.model_turns() >= self.limits.max_turns:  # the model could never read its result: not run
-            self._finish(EnvStep(done=True, reason=f"env.max_turns={self.limits.max_turns} reached"), "max_turns")
-        elif call.name not in self.env.tools:  # answered at once: nothing to run
-            self._after(self.env.tool_result(call, f"error: no tool {call.name!r} (tools: {', '.join(self.env.tools)})"), call.name)
-        else:
-            self.pending = call
-        return self.pending
-
-    def tool_done(self, result: str) -> None:
-        call, self.pending = self.pending, None
-        self._after(self.env.tool_result(call, result), call.name)
-
-    def tool_failed(self, why: str) -> None:
-        self.pending = None
-        self._finish(EnvStep(done=True, reason=why), "tool_error")
-
-    def _after(self, step: EnvStep, tool: str | None = None) -> None:
-        if step.done:
-            return self._finish(step, "stop")
-        if self.episode.model_turns() >= self.limits.max_turns:
-            return self._finish(EnvStep(done=True, reason=f"env.max_turns={self.limits.max_turns} reached"), "max_turns")
-        ids = self.observe(step.observation, self._closed)
-        if len(self.episode.response_ids) + len(ids) >= self.limits.max_tokens:  # no room left for a model token
-            return self._finish(EnvStep(done=True, reason=f"env.max_episode_tokens={self.limits.max_tokens} used"), "length")
-        self.episode.add_observation(ids, step.observation, tool)
-
-    def _finish(self, step: EnvStep, finish_reason: str) -> None:
-        self.end, self.finish_reason = step, finish_reason

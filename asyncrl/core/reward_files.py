@@ -35,7 +35,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from asyncrl.core.tasks import Prompt, Record, RewardFn
+from asyncrl.core.prompts import Prompt, Record, RewardFn
 
 FILE_FORM = re.compile(r"^(?P<path>.+\.py):(?P<fn>[A-Za-z_]\w*)$")
 VERL_PARAMETERS = ("data_source", "solution_str", "ground_truth", "extra_info")

@@ -10,7 +10,7 @@ import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from asyncrl.core.reward_traits import reward
-from asyncrl.core.tasks import Prompt
+from asyncrl.core.prompts import Prompt
 
 
 @reward(batched=True, deterministic=True, version="1")

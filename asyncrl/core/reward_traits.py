@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from asyncrl.core.tasks import Prompt
+from asyncrl.core.prompts import Prompt
 
 
 def reward(batched: bool = False, deterministic: bool = True, version: str = "1") -> Callable:

@@ -38,7 +38,7 @@ class Status(str, Enum):
 
 
 TURN = pa.struct([("role", pa.string()), ("start", pa.int32()), ("end", pa.int32()), ("tool", pa.string()), ("text", pa.string())])
-"""One turn of an episode (asyncrl.core.envs.Turn): role "model" or "observation", its [start, end) in response_ids."""
+"""One turn of an episode (asyncrl.core.episode.Turn): role "model" or "observation", its [start, end) in response_ids."""
 
 SAMPLE_SCHEMA = pa.schema(
     [

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 from asyncrl.core.child import Child
 from asyncrl.core.reward_traits import RewardTraits, traits_of
-from asyncrl.core.tasks import Prompt, make_reward
+from asyncrl.core.prompts import Prompt
+from asyncrl.core.rewards import make_reward
 
 
 def cache_key(reward_name: str, version: str, prompt: Prompt, response: str) -> str:

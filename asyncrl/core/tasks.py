@@ -1,8 +1,8 @@
-"""Verifiable tasks: a train prompt stream, a held-out eval set and a rule-based reward.
+"""Verifiable tasks: a train prompt stream, a held-out eval set, and the factory that builds the one a config names.
 
 A task is chosen by name in config (`task.name`); its reward by name or by a
 dotted path to a user function (`task.reward: my_pkg.rewards.my_fn`). Every
-reward function has the signature ``reward(prompt: Prompt, response: str) -> float``.
+reward function has the signature ``reward(prompt: Prompt, response: str) -> float`` (asyncrl.core.rewards).
 
 Built-in tasks:
 - ``addition``: multi-digit addition; the prompt is ``"37+85="`` and the
@@ -19,97 +19,11 @@ A reward may also be a function in a Python file, ``task.reward: path/to/file.py
 """
 from __future__ import annotations
 
-import hashlib
-import importlib
-import json
-import queue
 import random
-import re
-import threading
-from collections.abc import Callable, Iterator, Mapping
-from concurrent.futures import Future, wait
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Iterator
 
-RewardFn = Callable[["Prompt", str], float]
-
-TINY_HELD_OUT = 200
-"""Eval problems the tiny model's warm-start never trains on (a larger eval set would leak)."""
-
-
-def _frozen(value: Any) -> Any:
-    """`value` with every mapping in it a Record and every list a tuple."""
-    if isinstance(value, Mapping):
-        return Record(value)
-    if isinstance(value, (list, tuple)):
-        return tuple(_frozen(v) for v in value)
-    return value
-
-
-def _thawed(value: Any) -> Any:
-    """The plain dicts and lists of a frozen value (what JSON, a chat template or a verl reward expects)."""
-    if isinstance(value, Record):
-        return {k: _thawed(v) for k, v in value.items()}
-    if isinstance(value, tuple):
-        return [_thawed(v) for v in value]
-    return value
-
-
-class Record(Mapping):
-    """A data record's columns, read-only: nested mappings are Records, lists are tuples. Unlike
-    types.MappingProxyType it pickles (prompts travel between Ray actors), and it hashes (by its content)."""
-
-    __slots__ = ("_data",)
-
-    def __init__(self, data: Mapping | None = None) -> None:
-        self._data = {str(k): _frozen(v) for k, v in (data or {}).items()}
-
-    def __getitem__(self, key: str) -> Any:
-        return self._data[key]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._data)
-
-    def __len__(self) -> int:
-        return len(self._data)
-
-    def __repr__(self) -> str:
-        return f"Record({self._data!r})"
-
-    def __reduce__(self) -> tuple:
-        return Record, (self.to_dict(),)
-
-    def __hash__(self) -> int:
-        return hash(self.fingerprint())
-
-    def to_dict(self) -> dict[str, Any]:
-        """A plain, mutable copy (dicts and lists all the way down)."""
-        return _thawed(self)
-
-    def fingerprint(self) -> str:
-        """A digest of the content (equal records, equal digests): part of the reward cache's key."""
-        text = json.dumps(self.to_dict(), sort_keys=True, default=repr)
-        return hashlib.sha256(text.encode()).hexdigest()[:32]
-
-
-@dataclass(frozen=True)
-class Prompt:
-    """One task instance: the text shown to the policy and the reference answer; a dataset's prompt also carries its
-    chat turns and every column of its record."""
-
-    prompt_id: str
-    text: str
-    """The prompt as text (for a chat-message prompt: its last user turn), as the trajectory store records it."""
-    answer: str
-    messages: tuple[Record, ...] = ()
-    """Chat turns ({role, content}) the policy is given instead of `text` (needs task.chat); empty: `text`."""
-    record: Record = field(default_factory=Record)
-    """Every column of the prompt's data record, read-only, for the reward (empty for procedural tasks)."""
-
-    @property
-    def content(self) -> str | list[dict]:
-        """What encode_prompt renders: the chat turns when there are, else the text."""
-        return [m.to_dict() for m in self.messages] if self.messages else self.text
+from asyncrl.core.envs import Environment, environment_tasks, make_environment
+from asyncrl.core.prompts import Prompt
 
 
 def carry_free_sum(a: int, b: int) -> int:
@@ -249,75 +163,40 @@ class WordProblemTask:
             i += 1
 
 
-_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+class EpisodeTask:
+    """The task records of a built-in environment (`Environment.record`): a held-out set and an endless train
+    stream, both deterministic for the seed, as the single-turn tasks are."""
 
+    def __init__(self, env: type[Environment], task, seed: int) -> None:
+        self.env, self.task, self.seed = env, task, seed
+        rng = random.Random(f"{env.name}-eval-{seed}")
+        self._eval = [Prompt(f"eval-{i}", *env.record(rng, task)) for i in range(task.eval_size)]
 
-def final_number(text: str) -> str | None:
-    """The answer after GSM8K's ``####`` if present, else the last number in `text` (commas dropped)."""
-    if "####" in text:
-        text = text.rsplit("####", 1)[1]
-    found = _NUMBER.findall(text)
-    return found[-1].replace(",", "").rstrip(".") if found else None
+    @property
+    def name(self) -> str:
+        return self.env.name
 
+    def eval_prompts(self) -> list[Prompt]:
+        return list(self._eval)
 
-def numeric_match(prompt: Prompt, response: str) -> float:
-    """1.0 when the response's final number equals the reference's (GSM8K-style answers)."""
-    want, got = final_number(prompt.answer), final_number(response)
-    if want is None or got is None:
-        return 0.0
-    try:
-        return 1.0 if float(want) == float(got) else 0.0
-    except ValueError:
-        return 0.0
-
-
-def exact_match(prompt: Prompt, response: str) -> float:
-    """1.0 when the response (whitespace stripped) equals the answer, else 0.0."""
-    return 1.0 if response.strip() == prompt.answer else 0.0
+    def train_prompts(self, seed: int, start: int = 0):
+        """Endless records; `start` skips that many (a data cursor)."""
+        rng = random.Random(f"{self.env.name}-train-{seed}")
+        i = 0
+        while True:
+            text, answer = self.env.record(rng, self.task)
+            if i >= start:
+                yield Prompt(f"train-{seed}-{i}", text, answer)
+            i += 1
 
 
 TASKS = ("addition", "dataset", "word_problems")
-REWARDS: dict[str, RewardFn] = {"exact_match": exact_match, "numeric_match": numeric_match}
-
-
-def encode_prompt(tokenizer, text: str | list[dict], chat: bool) -> list[int]:
-    """The token ids the engine is given for a prompt: the text as it is, or (`task.chat`) one user turn in the
-    tokenizer's chat template with the assistant's turn opened; a list of chat messages (an environment's opening,
-    e.g. a worked example before the question) is rendered as it is. The template is rendered to text and encoded
-    without adding special tokens again: `apply_chat_template(tokenize=True)` returns a `BatchEncoding` in
-    transformers 5, whose `list()` is its key names, and a BOS the template already holds must not be doubled."""
-    if not isinstance(text, str):
-        if not chat:
-            raise ValueError("chat messages need task.chat=true")
-        messages = list(text)
-    elif not chat:
-        return list(tokenizer(text).input_ids)
-    else:
-        messages = [{"role": "user", "content": text}]
-    rendered = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    return list(tokenizer(rendered, add_special_tokens=False).input_ids)
-
-
-def load_object(dotted: str) -> object:
-    """Import ``pkg.module.attr``; raise ValueError naming the path when it cannot."""
-    module_name, _, attr = dotted.rpartition(".")
-    if not module_name:
-        raise ValueError(f"{dotted!r} is not a dotted path (expected pkg.module.name)")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ValueError(f"cannot import module {module_name!r} for {dotted!r}: {exc}") from exc
-    if not hasattr(module, attr):
-        raise ValueError(f"module {module_name!r} has no attribute {attr!r}")
-    return getattr(module, attr)
 
 
 def make_task(cfg, seed: int, data=None):
     """The task a `TaskConfig` names: a single-turn task, your files (task.name=dataset, read from `data`, the
-    `DataConfig`), or an environment's own records (asyncrl.core.envs.EpisodeTask: task.name=calculator or
+    `DataConfig`), or an environment's own records (asyncrl.core.tasks.EpisodeTask: task.name=calculator or
     guess_number, or the dotted path of a user's Environment subclass with a `record`)."""
-    from asyncrl.core.envs import EpisodeTask, environment_tasks, make_environment  # envs builds on this module
-
     if cfg.name in environment_tasks():
         return EpisodeTask(environment_tasks()[cfg.name], cfg, seed)
     if "." in cfg.name:
@@ -333,88 +212,3 @@ def make_task(cfg, seed: int, data=None):
             raise ValueError("task.name=dataset reads the data section: pass it to make_task")
         return DataTask(data, cfg.chat, cfg.eval_size)
     raise ValueError(f"unknown task {cfg.name!r}; built-in: {', '.join(TASKS + tuple(environment_tasks()))}")
-
-
-def make_reward(name: str) -> RewardFn:
-    """A registered reward by name, a function in a Python file (``path/to/file.py:fn``), or a user function by
-    dotted path; a verl-style ``compute_score`` is adapted to ``(prompt, response)`` (asyncrl.core.reward_files)."""
-    from asyncrl.core.reward_files import as_reward, load_reward_file, reward_file_spec  # it builds on this module
-
-    if name in REWARDS:
-        return REWARDS[name]
-    spec = reward_file_spec(name)
-    return as_reward(load_reward_file(*spec) if spec is not None else load_object(name), name)
-
-
-class RewardTimeout(Exception):
-    """A reward call ran past its timeout (its thread may still be running it)."""
-
-
-class RewardThreadsStuck(RuntimeError):
-    """Every reward thread is still inside a call that timed out: no reward can run."""
-
-
-class RewardRunner:
-    """Calls a reward function on a few daemon threads, with a timeout per call.
-
-    ``runner(prompt, response)`` returns the reward as a float, raises what the
-    function raises, `RewardTimeout` when it takes longer than `timeout_s`, and
-    `RewardThreadsStuck` when no thread is left to run it. The caller still
-    waits for the call (up to `timeout_s`), so a slow reward slows generation,
-    but a hung one cannot block it forever.
-
-    Python cannot kill a thread: a call that timed out is abandoned, not
-    stopped, and its thread stays busy until the function returns, maybe
-    never. The damage is bounded by `threads`: once every thread is held by
-    such a call, each further call raises `RewardThreadsStuck` at once (the
-    rollout worker then reports an error). The threads are daemons, so a hung
-    call does not keep the process from exiting. Calls are meant to come one at
-    a time (from the rollout loop, or from evaluation while the loop is
-    stopped); concurrent callers are serialised.
-    """
-
-    def __init__(self, fn: RewardFn, timeout_s: float = 30.0, threads: int = 4, name: str = "reward") -> None:
-        if timeout_s <= 0:
-            raise ValueError(f"reward timeout must be > 0 s, got {timeout_s}")
-        if threads < 1:
-            raise ValueError(f"reward threads must be >= 1, got {threads}")
-        self.fn, self.timeout_s, self.threads, self.name = fn, timeout_s, threads, name
-        self._calls: queue.SimpleQueue = queue.SimpleQueue()
-        self._lock = threading.Lock()
-        self._abandoned: list[Future] = []  # calls that timed out, maybe still running
-        self._started = 0
-
-    @property
-    def stuck(self) -> int:
-        """Threads still inside a call that timed out (safe to read from any thread)."""
-        return sum(not f.done() for f in list(self._abandoned))
-
-    def __call__(self, prompt: Prompt, response: str) -> float:
-        with self._lock:
-            self._abandoned = [f for f in self._abandoned if not f.done()]
-            if self.stuck >= self.threads:
-                raise RewardThreadsStuck(
-                    f"all {self.threads} reward threads are stuck in calls that ran past {self.timeout_s:g} s (Python cannot stop them)"
-                )
-            if self._started < self.threads and self._started <= self.stuck:  # every started thread is held: start another
-                threading.Thread(target=self._serve, name=f"{self.name}-{self._started}", daemon=True).start()
-                self._started += 1
-            future: Future = Future()
-            self._calls.put((future, prompt, response))
-            if not wait([future], timeout=self.timeout_s).done:
-                if not future.cancel():  # already running: its thread is held until the call returns
-                    self._abandoned.append(future)
-                raise RewardTimeout(f"reward timed out after {self.timeout_s:g} s")
-        return float(future.result())  # raises what the function raised
-
-    def _serve(self) -> None:
-        while True:
-            future, prompt, response = self._calls.get()
-            if not future.set_running_or_notify_cancel():
-                continue
-            try:
-                future.set_result(self.fn(prompt, response))
-            except Exception as exc:  # handed to the caller
-                future.set_exception(exc)
-            except BaseException as exc:  # SystemExit and the like: the caller gets an ordinary error, the thread lives on
-                future.set_exception(RuntimeError(f"{exc!r}"))

@@ -35,7 +35,7 @@ def _tool_main(conn, env_name: str, agent: str = "") -> None:
     import json
 
     from asyncrl.core.envs import make_environment
-    from asyncrl.core.tasks import load_object
+    from asyncrl.core.plugins import load_object
 
     try:
         if agent:

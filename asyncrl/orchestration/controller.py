@@ -35,7 +35,8 @@ from asyncrl.core.metrics import MetricsSink
 from asyncrl.core.models import model_source
 from asyncrl.core.models.cache import ModelSource
 from asyncrl.core.reward_files import check_reward_file
-from asyncrl.core.tasks import make_reward, make_task
+from asyncrl.core.rewards import make_reward
+from asyncrl.core.tasks import make_task
 from asyncrl.orchestration.cluster import bundle_nodes, check_reachable, connect_ray, in_pool, place_model, requested_address, resource_pool
 from asyncrl.orchestration.pools import RewardPool, RolloutPool
 from asyncrl.orchestration.step_metrics import (

@@ -13,8 +13,8 @@ import re
 
 import openai
 
-from asyncrl.core.envs import CalculatorEnv, calculator
-from asyncrl.core.tasks import final_number
+from asyncrl.core.envs import calculator, CalculatorEnv
+from asyncrl.core.rewards import final_number
 
 CALL = re.compile(r"<tool>\s*calc\s*:(.*?)(</tool>|$)", re.S)
 

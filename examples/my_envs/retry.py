@@ -12,7 +12,8 @@ from __future__ import annotations
 import random
 
 from asyncrl.core.envs import Environment, EnvStep
-from asyncrl.core.tasks import ANSWER_FORMAT, final_number, word_problem
+from asyncrl.core.rewards import final_number
+from asyncrl.core.tasks import ANSWER_FORMAT, word_problem
 
 
 class RetryEnv(Environment):

@@ -21,7 +21,7 @@ def builtin_dirname(path: str, digits: int, seed: int) -> str:
     if path == "tiny":
         from asyncrl.core.models.tiny import TinySpec
 
-        return f"tiny-addition-d{digits}-s{seed}-{TinySpec(digits=digits, seed=seed).key()}"
+        return TinySpec(digits=digits, seed=seed).dirname()
     if path == smollm2.NAME:
         return smollm2.cache_name()
     return hub_dirname(path) if is_hub_id(path) else ""
@@ -33,9 +33,9 @@ def resolve_model_path(path: str, digits: int, seed: int, cache_dir: Path | str)
     download (asyncrl.core.models.hub); else a local HF model dir (made absolute)."""
     name = builtin_dirname(path, digits, seed)
     if path == "tiny":
-        from asyncrl.core.models.tiny import TinySpec, build_tiny_model
+        from asyncrl.core.models.tiny import TinySpec, cached_tiny
 
-        return cached_build(Path(cache_dir) / name, lambda out: build_tiny_model(out, TinySpec(digits=digits, seed=seed)))
+        return cached_tiny(cache_dir, TinySpec(digits=digits, seed=seed))
     if path == smollm2.NAME:
         return cached_build(Path(cache_dir) / name, smollm2.convert)
     if name:  # a hub id: downloaded once (the hub is not asked again while the cache has it)

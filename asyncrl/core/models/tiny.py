@@ -28,8 +28,11 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-from asyncrl.core.models.cache import cache_dir
-from asyncrl.core.tasks import TINY_HELD_OUT, AdditionTask, Prompt, carry_free_sum, exact_match
+from asyncrl.core.config import TINY_HELD_OUT
+from asyncrl.core.models.cache import cache_dir, cached_build
+from asyncrl.core.prompts import Prompt
+from asyncrl.core.rewards import exact_match
+from asyncrl.core.tasks import AdditionTask, carry_free_sum
 
 BUILD_VERSION = 1  # bump when the recipe changes so cached models are rebuilt
 PAD, BOS, EOS = "<pad>", "<s>", "</s>"
@@ -63,6 +66,15 @@ class TinySpec:
     def key(self) -> str:
         blob = json.dumps({**asdict(self), "version": BUILD_VERSION}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:8]
+
+    def dirname(self) -> str:
+        """Its directory name in the model cache: it names what was built."""
+        return f"tiny-addition-d{self.digits}-s{self.seed}-{self.key()}"
+
+
+def cached_tiny(cache: Path | str, spec: TinySpec) -> Path:
+    """The tiny model of `spec` in the model cache `cache`, built on first use."""
+    return cached_build(Path(cache) / spec.dirname(), lambda out: build_tiny_model(out, spec))
 
 
 # ----------------------------------------------------------------------------- tokenizer
@@ -299,9 +311,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.out is not None:
         metrics = build_tiny_model(args.out, TinySpec(digits=args.digits, seed=args.seed))
     else:
-        from asyncrl.core.models import resolve_model_path
-
-        out = resolve_model_path("tiny", args.digits, args.seed, cache_dir())
+        out = cached_tiny(cache_dir(), TinySpec(digits=args.digits, seed=args.seed))
         metrics = {"path": str(out), **json.loads((out / "warmstart.json").read_text())["metrics"]}
     print(json.dumps(metrics, indent=2))
 
