@@ -19,10 +19,11 @@ import time
 from collections import deque
 
 from asyncrl.core.config import Config
+from asyncrl.core.deliveries import Deliveries
 from asyncrl.core.messages import GroupId
 from asyncrl.core.schema import Status, new_sample
 from asyncrl.core.shaping import shaped_reward, zero_variance
-from asyncrl.core.staleness import admissible, is_stale
+from asyncrl.core.staleness import admissible, split_stale, take_batch
 from asyncrl.core.store import TrajectoryStore
 
 
@@ -39,10 +40,7 @@ class ReplayBuffer:
         self.outstanding = 0  # admitted, not yet consumed or dropped
         self.counts = {"admitted_groups": 0, "refused_admissions": 0, "consumed": 0, "dropped_stale": 0, "dropped_error": 0, "aborted": 0,
                        "lost": 0, "filtered": 0}
-        # per worker: groups admitted (= its next group number) and the group numbers it delivered, so the
-        # groups a dead worker took with it can be named and recorded (forfeit)
-        self.admitted_by: dict[int, int] = {}
-        self.delivered_by: dict[int, set[int]] = {}
+        self.deliveries = Deliveries()  # so a group delivered twice is recorded once, and a dead worker's are named
         self.changed = asyncio.Condition()
         self.worker_versions: dict[int, int] = {}  # the version each worker's engine last said it holds
         self.epochs: dict[int, int] = {}  # per worker id: how many times a worker of that id was declared dead
@@ -69,7 +67,7 @@ class ReplayBuffer:
                     await asyncio.wait_for(self.changed.wait(), remaining)
                 except asyncio.TimeoutError:
                     pass
-        self.admitted_by[worker_id] = self.admitted_by.get(worker_id, 0) + n
+        self.deliveries.admitted(worker_id, n)
         self.live += n
         self.outstanding += n
         self.counts["admitted_groups"] += n
@@ -97,11 +95,10 @@ class ReplayBuffer:
             self.changed.notify_all()
 
     async def put(self, group: list[dict]) -> None:
-        if not self._delivered(group):
+        if not self.deliveries.first(group):
             return  # delivered twice (e.g. late from a worker already declared dead): ids make delivery idempotent
         if group[0]["status"] == Status.DROPPED_ERROR.value:
-            self._drop(group, "dropped_error")
-            self.store.append(group)
+            self._drop(group, Status.DROPPED_ERROR)
             await self._notify()  # its admission is free again
             return
         if self.cfg.algorithm.filter_zero_variance and self._filter(group):
@@ -119,7 +116,9 @@ class ReplayBuffer:
             while True:
                 self._drop_stale(version)
                 if len(self.groups) >= n_groups:
-                    batch = self._consume(self._take(n_groups), version, step)
+                    taken, rest = take_batch(self.groups, n_groups, self.cfg.buffer.oldest_first)
+                    self.groups = deque(rest)
+                    batch = self._consume(taken, version, step)
                     self.changed.notify_all()  # room in the buffer again (and any stale groups dropped above)
                     return batch
                 remaining = deadline - time.monotonic()
@@ -133,7 +132,7 @@ class ReplayBuffer:
     async def record_final(self, records: list[dict]) -> None:
         """Samples that end outside the buffer (aborted at shutdown), already carrying a status."""
         groups = {r["group_id"] for r in records}
-        fresh = {g for g in groups if self._delivered([r for r in records if r["group_id"] == g])}
+        fresh = {g for g in groups if self.deliveries.first([r for r in records if r["group_id"] == g])}
         records = [r for r in records if r["group_id"] in fresh]
         self.outstanding -= len({r["group_id"] for r in records})
         self.live -= len({r["group_id"] for r in records})
@@ -166,78 +165,46 @@ class ReplayBuffer:
         self.store.flush()
         return {**self.counts, "unconsumed": len(leftover), "rows_written": self.store.rows_written}
 
-    def _delivered(self, group: list[dict]) -> bool:
-        """Note the group as delivered; False if it already was."""
-        worker, gid = group[0]["worker_id"], GroupId.parse(group[0]["group_id"])
-        if gid is None:  # not made by a rollout worker
-            return True
-        number = gid.number
-        seen = self.delivered_by.setdefault(worker, set())
-        if number in seen:
-            return False
-        seen.add(number)
-        return True
-
     async def forfeit(self, worker_id: int, run_id: str, group_size: int, reason: str) -> int:
         """A worker died: record each group it was admitted for and never delivered as dropped_error with
         `reason` (sample ids as the worker would have named them), and free their admissions.
         Returns the worker's group count, where its replacement continues numbering and its prompt stream."""
         self.epochs[worker_id] = self.epochs.get(worker_id, 0) + 1  # an admission it left waiting admits nothing
         self.worker_versions.pop(worker_id, None)
-        admitted = self.admitted_by.get(worker_id, 0)
-        delivered = self.delivered_by.setdefault(worker_id, set())
-        lost = [k for k in range(admitted) if k not in delivered]
+        admitted, lost = self.deliveries.forfeit(worker_id)
         for k in lost:
             gid = GroupId(run_id, worker_id, k)
             records = [new_sample(run_id=run_id, sample_id=gid.sample_id(i), group_id=str(gid), worker_id=worker_id,
                                   status=Status.DROPPED_ERROR.value, status_reason=reason) for i in range(group_size)]
-            self._drop(records, "dropped_error")
+            self._drop(records, Status.DROPPED_ERROR)
             self.counts["lost"] += len(records)
-            self.store.append(records)
-            delivered.add(k)
         await self._notify()
         return admitted
-
-    def _take(self, n: int) -> list[list[dict]]:
-        """Remove and return `n` groups: the oldest by start version first (buffer.oldest_first; ties and otherwise:
-        arrival order)."""
-        order = list(range(len(self.groups)))
-        if self.cfg.buffer.oldest_first:
-            order.sort(key=lambda i: _oldest_start(self.groups[i]))  # stable: arrival order within a version
-        chosen = set(order[:n])
-        taken = [self.groups[i] for i in order[:n]]
-        self.groups = deque(g for i, g in enumerate(self.groups) if i not in chosen)
-        return taken
 
     def _filter(self, group: list[dict]) -> bool:
         """Record the group as filtered if its rewards (as the learner would see them) are all equal."""
         rewards = [shaped_reward(s, self.cfg.algorithm, self.cfg.rollout.max_new_tokens) for s in group]
         if not zero_variance(rewards):
             return False
-        for s in group:
-            s.update(status=Status.FILTERED.value, status_reason=f"all {len(group)} rewards equal {rewards[0]:g}")
-        self._drop(group, "filtered")
-        self.store.append(group)
+        self._drop(group, Status.FILTERED, f"all {len(group)} rewards equal {rewards[0]:g}")
         return True
 
-    def _drop(self, group: list[dict], counter: str) -> None:
+    def _drop(self, group: list[dict], status: Status, reason: str | None = None) -> None:
+        """Record the group as ended in `status` (stamped on its samples with `reason`, where given: else they carry
+        it already), counted under its name, and free its admission."""
+        if reason is not None:
+            for s in group:
+                s.update(status=status.value, status_reason=reason)
         self.live -= 1
         self.outstanding -= 1
-        self.counts[counter] += len(group)
+        self.counts[status.value] += len(group)
+        self.store.append(group)
 
     def _drop_stale(self, version: int) -> None:
-        keep = deque()
-        for group in self.groups:
-            oldest = _oldest_start(group)
-            if is_stale(version, oldest, self.max_staleness):
-                reason = f"group staleness {version - oldest} > {self.max_staleness}"
-                for s in group:
-                    s.update(status=Status.DROPPED_STALE.value, status_reason=reason)
-                self._drop(group, "dropped_stale")
-                self.store.append(group)
-            else:
-                keep.append(group)
-        self.groups = keep
+        fresh, stale = split_stale(self.groups, version, self.max_staleness)
+        self.groups = deque(fresh)
+        for group, reason in stale:
+            self._drop(group, Status.DROPPED_STALE, reason)
 
     def _consume(self, groups: list[list[dict]], version: int, step: int) -> list[dict]:
         now = time.time()
@@ -248,8 +215,3 @@ class ReplayBuffer:
         self.counts["consumed"] += len(batch)
         self.store.append(batch)
         return batch
-
-
-def _oldest_start(group: list[dict]) -> int:
-    """The group's staleness is its oldest sample's."""
-    return min(s["policy_version_start"] for s in group)

@@ -157,8 +157,7 @@ class SGLangEngine:
         self.priority = priority
         self.latest: dict[str, dict] = {}  # request id -> its newest streamed chunk (cumulative)
         self.depth = 0  # nesting of `paused`
-        self.group_name: str | None = None
-        self.receiver = None
+        self.weight_updates = _WeightUpdates(self._run, self.tm)
 
     def _run(self, coro, timeout_s: float | None = None):
         """Run a coroutine on the tokenizer manager's loop and wait for its result."""
@@ -261,6 +260,55 @@ class SGLangEngine:
     def init_weight_sync(self, host: str, port: int, rank: int, world: int, transport: list, meta: list, bucket_bytes: int):
         """Join the weight group as `rank` (SGLang's own `init_weights_update_group`), or for cuda_ipc only keep
         the bucket plan. Returns one flag per engine process, as vLLM's collective_rpc does."""
+        self.weight_updates.init(host, port, rank, world, transport, meta, bucket_bytes)
+        return [True]
+
+    def receive_weights(self, payload=None, keep_kv: bool = False) -> int:
+        """Receive the next version and load it (see the module docstring); returns bytes. `keep_kv` is vLLM's only
+        (rollout.keep_kv is refused with SGLang at config load)."""
+        if keep_kv:
+            raise ValueError("rollout.keep_kv: the SGLang engine re-prefills running requests after a load; use rollout.engine=vllm")
+        with self.weight_updates.session(self.paused()):
+            self.weight_updates.receive(payload)
+        return sum(m.nbytes for m in self.weight_updates.meta)
+
+    def load_weights(self, weights: list[tuple[str, "torch.Tensor"]]) -> None:  # noqa: F821
+        """Load checkpoint-named tensors given in this process (offline evaluation, benchmarks)."""
+        with self.weight_updates.session(self.paused()):
+            self.weight_updates.load_tensors(weights)
+
+    @contextlib.contextmanager
+    def paused(self):
+        """Generation paused (retract) until the context ends, with every chunk sampled before it received."""
+        from sglang.srt.managers.io_struct import ContinueGenerationReqInput, PauseGenerationReqInput
+
+        if self.depth == 0:
+            self._run(self.tm.pause_generation(PauseGenerationReqInput(mode="retract")))
+            _settle(self.latest)
+        self.depth += 1
+        try:
+            yield
+        finally:
+            self.depth -= 1
+            if self.depth == 0:
+                self._run(self.tm.continue_generation(ContinueGenerationReqInput()))
+
+    def shutdown(self) -> None:
+        self.engine.shutdown()
+        self.loop.call_soon_threadsafe(self.loop.stop)
+
+
+class _WeightUpdates:
+    """SGLang's weight-update calls for one engine, each run on its loop (`run`) against its tokenizer manager
+    (`tm`): the group it joined (`group_name`) or, with cuda_ipc, the receiver of the mapped buckets."""
+
+    def __init__(self, run, tm) -> None:
+        self.run, self.tm = run, tm
+        self.group_name: str | None = None
+        self.receiver = None
+
+    def init(self, host: str, port: int, rank: int, world: int, transport: list, meta: list, bucket_bytes: int) -> None:
+        """The bucket plan of `meta`, and the weight group joined as `rank` (or for cuda_ipc, a receiver made)."""
         from sglang.srt.managers.io_struct import InitWeightsUpdateGroupReqInput
 
         import torch
@@ -273,32 +321,21 @@ class SGLangEngine:
         device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
         if kind == "cuda_ipc":
             self.receiver = make_receiver(kind, backend, self.meta, self.buckets, device)
-            return [True]
+            return
         self.receiver = None
         self.group_name = group_name(port)
         obj = InitWeightsUpdateGroupReqInput(master_address=host, master_port=port, rank_offset=rank, world_size=world,
                                              group_name=self.group_name, backend=resolve_backend(backend, device))
-        ok, message = self._run(self.tm.init_weights_update_group(obj, None))
+        ok, message = self.run(self.tm.init_weights_update_group(obj, None))
         if not ok:
             raise RuntimeError(f"SGLang could not join the weight group: {message}")
-        return [True]
 
-    def receive_weights(self, payload=None, keep_kv: bool = False) -> int:
-        """Receive the next version and load it (see the module docstring); returns bytes. `keep_kv` is vLLM's only
-        (rollout.keep_kv is refused with SGLang at config load)."""
-        if keep_kv:
-            raise ValueError("rollout.keep_kv: the SGLang engine re-prefills running requests after a load; use rollout.engine=vllm")
-        with self._update_session():
-            if self.receiver is not None:  # cuda_ipc: the learner's buckets, mapped here
-                self._load_tensors(self.receiver.receive(payload))
-            else:
-                self._receive_buckets()
-        return sum(m.nbytes for m in self.meta)
-
-    def load_weights(self, weights: list[tuple[str, "torch.Tensor"]]) -> None:  # noqa: F821
-        """Load checkpoint-named tensors given in this process (offline evaluation, benchmarks)."""
-        with self._update_session():
-            self._load_tensors(weights)
+    def receive(self, payload) -> None:
+        """The next version, loaded (inside `session`)."""
+        if self.receiver is not None:  # cuda_ipc: the learner's buckets, mapped here
+            self.load_tensors(self.receiver.receive(payload))
+        else:
+            self._receive_buckets()
 
     def _receive_buckets(self) -> None:
         from sglang.srt.managers.io_struct import UpdateWeightsFromDistributedReqInput
@@ -309,67 +346,49 @@ class SGLangEngine:
                 names=[m.name for m in ms], dtypes=[m.dtype for m in ms], shapes=[list(m.shape) for m in ms],
                 group_name=self.group_name, load_format="flattened_bucket", flush_cache=i == len(self.buckets) - 1,
             )
-            ok, message = self._run(self.tm.update_weights_from_distributed(obj, None))
+            ok, message = self.run(self.tm.update_weights_from_distributed(obj, None))
             if not ok:
                 raise RuntimeError(f"SGLang weight bucket {i}: {message}")
 
-    def _load_tensors(self, weights) -> None:
+    def load_tensors(self, weights) -> None:
         from sglang.srt.managers.io_struct import UpdateWeightsFromTensorReqInput
         from sglang.srt.utils import MultiprocessingSerializer
 
         obj = UpdateWeightsFromTensorReqInput(serialized_named_tensors=[MultiprocessingSerializer.serialize(list(weights))], flush_cache=True)
-        ok, message = self._run(self.tm.update_weights_from_tensor(obj, None))
+        ok, message = self.run(self.tm.update_weights_from_tensor(obj, None))
         if not ok:
             raise RuntimeError(f"SGLang update_weights_from_tensor: {message}")
 
     @contextlib.contextmanager
-    def paused(self):
-        """Generation paused (retract) until the context ends, with every chunk sampled before it received."""
-        from sglang.srt.managers.io_struct import ContinueGenerationReqInput, PauseGenerationReqInput
-
-        if self.depth == 0:
-            self._run(self.tm.pause_generation(PauseGenerationReqInput(mode="retract")))
-            self._settle()
-        self.depth += 1
-        try:
-            yield
-        finally:
-            self.depth -= 1
-            if self.depth == 0:
-                self._run(self.tm.continue_generation(ContinueGenerationReqInput()))
-
-    def _settle(self) -> None:
-        """Wait (at most SETTLE_S) until no streamed chunk has arrived for 5 polls: the scheduler's last outputs
-        reach this process through the detokenizer, after its answer to the pause."""
-        def lengths():
-            return {rid: len(c["output_ids"]) for rid, c in list(self.latest.items())}
-
-        deadline, seen, quiet = time.monotonic() + SETTLE_S, lengths(), 0
-        while quiet < 5 and time.monotonic() < deadline:
-            time.sleep(POLL_S)
-            now = lengths()
-            quiet = quiet + 1 if now == seen else 0
-            seen = now
-
-    @contextlib.contextmanager
-    def _update_session(self):
-        """Generation paused and a weight-update session open around a load; both undone after it."""
+    def session(self, paused):
+        """Generation `paused` (the engine's `paused()`) and a weight-update session open around a load; both undone
+        after it."""
         from sglang.srt.managers.io_struct import BeginWeightUpdateReqInput, EndWeightUpdateReqInput
 
-        with self.paused():
-            ok, message = self._run(self.tm.begin_weight_update(BeginWeightUpdateReqInput(), None))
+        with paused:
+            ok, message = self.run(self.tm.begin_weight_update(BeginWeightUpdateReqInput(), None))
             if not ok:
                 raise RuntimeError(f"SGLang begin_weight_update: {message}")
             try:
                 yield
             finally:
-                ok, message = self._run(self.tm.end_weight_update(EndWeightUpdateReqInput(), None))
+                ok, message = self.run(self.tm.end_weight_update(EndWeightUpdateReqInput(), None))
             if not ok:
                 raise RuntimeError(f"SGLang end_weight_update: {message}")
 
-    def shutdown(self) -> None:
-        self.engine.shutdown()
-        self.loop.call_soon_threadsafe(self.loop.stop)
+
+def _settle(latest: dict[str, dict]) -> None:
+    """Wait (at most SETTLE_S) until no chunk streamed into `latest` has arrived for 5 polls: the scheduler's last
+    outputs reach this process through the detokenizer, after its answer to the pause."""
+    def lengths():
+        return {rid: len(c["output_ids"]) for rid, c in list(latest.items())}
+
+    deadline, seen, quiet = time.monotonic() + SETTLE_S, lengths(), 0
+    while quiet < 5 and time.monotonic() < deadline:
+        time.sleep(POLL_S)
+        now = lengths()
+        quiet = quiet + 1 if now == seen else 0
+        seen = now
 
 
 def _tokens(out: dict | None) -> tuple[list[int], list[float]]:

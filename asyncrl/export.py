@@ -26,7 +26,7 @@ from asyncrl.core.checkpoint import checkpoints_dir, complete_checkpoints, lates
 from asyncrl.core.config import LoRAConfig, ModelConfig
 
 POLICY_KEY = "model"
-"""The policy's entry in the learner's checkpoint state (asyncrl.actors.learner `_train_state`)."""
+"""The policy's entry in the learner's checkpoint state (asyncrl.actors.learner_state `Checkpoints._train_state`)."""
 EXPORTS = "exports"
 """Where exports go inside the run directory by default."""
 

@@ -48,6 +48,15 @@ def _table(header: list[str], rows: list[list[str]], indent: str = "  ") -> list
 
 def format_text(rep: dict) -> str:
     """The report as aligned text, one section per question."""
+    lines = [*_samples_text(rep), *_lengths_text(rep), *_episodes_text(rep), *_versions_text(rep), *_drift_text(rep)]
+    lines += ["", "bottleneck", *("  " + line for line in rep["bottleneck"].splitlines())]
+    if "export" in rep:
+        lines += ["", f"exported {rep['export']['records']} records to {rep['export']['path']}"]
+    return "\n".join(lines)
+
+
+def _samples_text(rep: dict) -> list[str]:
+    """The run's state, its samples by status, the effective-sample rate and the rollout cost."""
     pv, samples = rep["policy_versions"], rep["samples"]
     sampled = "none recorded" if pv["sampled_min"] is None else f"{pv['sampled_min']}..{pv['sampled_max']}"
     lines = [
@@ -80,26 +89,37 @@ def format_text(rep: dict) -> str:
             f"rollout cost           {cost['per_1000_effective']:.1f} worker-s per 1000 effective samples "
             f"({cost['worker_seconds']:.1f} s over {cost['workers']} worker(s), first submission to last generation)"
         )
+    return lines
 
+
+def _lengths_text(rep: dict) -> list[str]:
     lengths = rep["response_lengths"]
-    lines += ["", "response lengths (tokens, every generated sample)"]
+    lines = ["", "response lengths (tokens, every generated sample)"]
     if lengths is None:
         lines.append("  no generated samples recorded")
     else:
         reasons = ", ".join(f"{k} {v}" for k, v in sorted(lengths["finish_reasons"].items()))
         lines.append(f"  mean {lengths['mean']:.1f}  p50 {lengths['p50']}  p90 {lengths['p90']}  p99 {lengths['p99']}  max {lengths['max']}"
                      f"  (finish: {reasons})")
+    return lines
 
+
+def _episodes_text(rep: dict) -> list[str]:
+    """Multi-turn episodes' turns and ends; nothing without them."""
     eps = rep.get("episodes")
-    if eps:
-        ends = ", ".join(f"{k} {v}" for k, v in eps["ends"].items())
-        lines += ["", "episodes (env.name)",
-                  f"  {eps['episodes']} episodes, model turns p50 {eps['turns_p50']} max {eps['turns_max']}, {eps['tool_calls']} tool calls",
-                  f"  ended: {ends}"]
-        if eps["examples"]:
-            lines.append(f"  read one: python -m asyncrl.inspect {rep['run_dir']} --transcript {eps['examples'][0]}")
+    if not eps:
+        return []
+    ends = ", ".join(f"{k} {v}" for k, v in eps["ends"].items())
+    lines = ["", "episodes (env.name)",
+             f"  {eps['episodes']} episodes, model turns p50 {eps['turns_p50']} max {eps['turns_max']}, {eps['tool_calls']} tool calls",
+             f"  ended: {ends}"]
+    if eps["examples"]:
+        lines.append(f"  read one: python -m asyncrl.inspect {rep['run_dir']} --transcript {eps['examples'][0]}")
+    return lines
 
-    lines += ["", "reward / response length by policy version (consumed samples; kl/ref of the steps trained at it)"]
+
+def _versions_text(rep: dict) -> list[str]:
+    lines = ["", "reward / response length by policy version (consumed samples; kl/ref of the steps trained at it)"]
     if rep["by_version"]:
         rows = [
             [str(r["policy_version"]), str(r["samples"]), _num(r["reward_mean"]), _num(r["reward_std"]),
@@ -109,8 +129,11 @@ def format_text(rep: dict) -> str:
         lines += _table(["version", "samples", "reward_mean", "reward_std", "resp_len", "kl/ref"], rows)
     else:
         lines.append("  no consumed samples recorded")
+    return lines
 
-    lines += ["", "drift attribution (delta = row[t+1] - row[t], credited to step t's batch)"]
+
+def _drift_text(rep: dict) -> list[str]:
+    lines = ["", "drift attribution (delta = row[t+1] - row[t], credited to step t's batch)"]
     for key, moves in rep["drift"].items():
         lines.append(f"  {key}")
         if not moves:
@@ -122,11 +145,7 @@ def format_text(rep: dict) -> str:
             for m in moves
         ]
         lines += _table(["step", "delta", "reward_mean", "reward_std", "staleness", "is_ratio_max", "consumed"], rows, "    ")
-
-    lines += ["", "bottleneck", *("  " + line for line in rep["bottleneck"].splitlines())]
-    if "export" in rep:
-        lines += ["", f"exported {rep['export']['records']} records to {rep['export']['path']}"]
-    return "\n".join(lines)
+    return lines
 
 
 def _statuses(values: list[str]) -> list[str]:

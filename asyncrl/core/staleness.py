@@ -18,8 +18,14 @@ Definitions (PRIME-RL style, precise on purpose):
   already be stale when trained on. At ``max_staleness=0`` this makes the run
   strictly synchronous: a worker starts the next batch only once it has
   loaded the weights that batch will be trained against.
+- A *group* is judged whole, by its oldest sample's start version
+  (``oldest_start``): ``split_stale`` drops it entirely or keeps it, and
+  ``take_batch`` (with ``buffer.oldest_first``) hands the oldest groups to the
+  learner first.
 """
 from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
 
 
 def staleness(learner_version: int, policy_version_start: int) -> int:
@@ -59,3 +65,30 @@ def admissible(
     by_staleness = admission_capacity(version, max_staleness, groups_per_version) - live_groups
     by_capacity = capacity_groups - outstanding_groups
     return max(0, min(requested, by_staleness, by_capacity))
+
+
+def oldest_start(group: list[dict]) -> int:
+    """A group's start version: its oldest sample's (a group is judged whole, by it)."""
+    return min(s["policy_version_start"] for s in group)
+
+
+def split_stale(groups: Iterable[list[dict]], version: int, max_staleness: int) -> tuple[list[list[dict]], list[tuple[list[dict], str]]]:
+    """`groups` still fresh at learner `version`, and those past `max_staleness` with the reason (order kept)."""
+    fresh, stale = [], []
+    for group in groups:
+        oldest = oldest_start(group)
+        if is_stale(version, oldest, max_staleness):
+            stale.append((group, f"group staleness {version - oldest} > {max_staleness}"))
+        else:
+            fresh.append(group)
+    return fresh, stale
+
+
+def take_batch(groups: Sequence[list[dict]], n: int, oldest_first: bool) -> tuple[list[list[dict]], list[list[dict]]]:
+    """The `n` groups a batch takes and those left (in arrival order): the oldest by start version first with
+    `oldest_first` (ties and otherwise: arrival order)."""
+    order = list(range(len(groups)))
+    if oldest_first:
+        order.sort(key=lambda i: oldest_start(groups[i]))  # stable: arrival order within a version
+    chosen = set(order[:n])
+    return [groups[i] for i in order[:n]], [g for i, g in enumerate(groups) if i not in chosen]

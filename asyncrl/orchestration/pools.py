@@ -3,7 +3,7 @@ reward actors in theirs.
 
 A dead worker is reported by `stats`; `retire` and `restart` replace it where it stopped (its lost groups are
 recorded by the buffer, the replacement continues its prompt stream and group numbering). What the replacement
-needs from the weight sync (the group rebuilt, the current version) is the controller's to arrange.
+needs from the weight sync (the group rebuilt, the current version) is arranged by the fleet (asyncrl/orchestration/fleet.py).
 """
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ collective); rank 0 sends each bucket as it is gathered.
 The transport (`asyncrl.core.weights.make_sender` / `make_receiver`: a torch.distributed broadcast, or CUDA IPC
 handles) carries each version; a version is published without waiting
 for the engines to load it, and at most one is in flight: the next publish first collects the loads of the last.
-An engine that dies while loading is reported, not replaced: replacing it is the controller's (with the rollout
+An engine that dies while loading is reported, not replaced: replacing it is the fleet's (asyncrl/orchestration/fleet.py) (with the rollout
 pool), after which `connect` rebuilds the group around the new engine and `publish` sends the version again.
 """
 from __future__ import annotations

@@ -1,0 +1,38 @@
+"""Which groups each rollout worker was admitted for and which it delivered, by group number (`GroupId`).
+
+The replay buffer keeps one: a group delivered twice (e.g. late from a worker already declared dead) is
+recognised, and the groups a dead worker took with it can be named and recorded (forfeit).
+"""
+from __future__ import annotations
+
+from asyncrl.core.messages import GroupId
+
+
+class Deliveries:
+    def __init__(self) -> None:
+        self.admitted_by: dict[int, int] = {}  # per worker: groups admitted (= its next group number)
+        self.delivered_by: dict[int, set[int]] = {}  # per worker: the group numbers it delivered
+
+    def admitted(self, worker_id: int, n: int) -> None:
+        self.admitted_by[worker_id] = self.admitted_by.get(worker_id, 0) + n
+
+    def first(self, group: list[dict]) -> bool:
+        """Note the group as delivered; False if it already was."""
+        worker, gid = group[0]["worker_id"], GroupId.parse(group[0]["group_id"])
+        if gid is None:  # not made by a rollout worker
+            return True
+        number = gid.number
+        seen = self.delivered_by.setdefault(worker, set())
+        if number in seen:
+            return False
+        seen.add(number)
+        return True
+
+    def forfeit(self, worker_id: int) -> tuple[int, list[int]]:
+        """The worker's admitted group count, and the numbers of those it never delivered (noted as delivered now:
+        they are recorded once)."""
+        admitted = self.admitted_by.get(worker_id, 0)
+        delivered = self.delivered_by.setdefault(worker_id, set())
+        lost = [k for k in range(admitted) if k not in delivered]
+        delivered.update(lost)
+        return admitted, lost

@@ -1,0 +1,46 @@
+"""The learner ranks in their placement group: started, called together, joined into one group, checkpointed.
+
+Every rank takes part in gathering or saving the weights (FSDP2: a collective), so those calls go to all of them
+and rank 0's result stands for the group; rank 0 alone publishes the weights (weight_sync.py).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import ray
+from ray.util.placement_group import PlacementGroup
+
+from asyncrl.actors.learner import Learner
+from asyncrl.core.checkpoint import CHECKPOINT_HF_DIR
+from asyncrl.core.config import Config
+from asyncrl.orchestration.cluster import in_pool
+
+
+class LearnerPool:
+    def __init__(self, cfg: Config, pg: PlacementGroup, model_paths: list[str]) -> None:
+        """learner.num_workers ranks, rank i in bundle i, reading the model from `model_paths[i]` (its node's copy)."""
+        l = cfg.learner
+        opts = {"num_cpus": l.num_cpus, "num_gpus": l.num_gpus, "resources": l.resources}
+        self.cfg = cfg
+        self.model_path = model_paths[0]  # rank 0's: the tokenizer and config a saved policy is written with
+        self.actors = [ray.remote(Learner).options(**opts, scheduling_strategy=in_pool(pg, i)).remote(cfg, model_paths[i], i)
+                       for i in range(l.num_workers)]
+
+    def call(self, method: str, *args):
+        """Call `method` on every learner rank (FSDP2: gathering or saving the weights is a collective); rank 0's result."""
+        return ray.get([getattr(a, method).remote(*args) for a in self.actors])[0]
+
+    def init_group(self, host: str) -> None:
+        """Join the ranks into one process group (several ranks shard the model), rendezvousing at `host`."""
+        port = ray.get(self.actors[0].pick_port.remote(host))
+        ray.get([a.init_learner_group.remote(host, port, i, len(self.actors)) for i, a in enumerate(self.actors)])
+
+    def save_checkpoint(self, directory: Path) -> None:
+        """The learner's part of a checkpoint: its shards (every rank writes its own) and, with run.checkpoint_hf, the
+        policy as a Hugging Face directory in hf/ (written as the final model is)."""
+        self.call("save_checkpoint", str(directory))
+        if self.cfg.run.checkpoint_hf:
+            self.call("save", str(directory / CHECKPOINT_HF_DIR), self.model_path)
+
+    def load_checkpoint(self, directory: Path) -> None:
+        ray.get([a.load_checkpoint.remote(str(directory)) for a in self.actors])
