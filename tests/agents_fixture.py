@@ -56,5 +56,6 @@ def misbehaving(task: dict) -> float:
 
 
 def by_group(task: dict) -> float:
-    """`misbehaving` in a run's second group (sample ids ...-g1-N), `two_turns` in the others (and in evaluation)."""
-    return misbehaving(task) if "-g1-" in task["episode_id"] else two_turns(task)
+    """`misbehaving` in the training run's second group (its tests' run id is "t": sample ids t-w0-g1-N), `two_turns`
+    in the others and in evaluation (asyncrl-episode-...)."""
+    return misbehaving(task) if task["episode_id"].startswith("t-w0-g1-") else two_turns(task)
