@@ -16,7 +16,7 @@ from asyncrl.core.config import load_config
 from asyncrl.core.messages import GroupId
 from asyncrl.core.store import read_trajectories
 from asyncrl.core.tasks import make_task
-from asyncrl.core.util import pids_named
+from tests.test_e2e import run_pids, tagged
 from tests.test_learner import fake_samples, learner, weights
 from tests.test_reward_pool import scoring_children
 
@@ -154,8 +154,8 @@ def test_sigkill_mid_run_then_resume(tiny_model_dir, tmp_path, scoring):
 SCRIPTED_ENV = "tests.envs_fixture.ScriptedEnv"
 
 
-def rollout_worker_pids() -> list[int]:
-    return pids_named("ray::RolloutWorker")
+def rollout_worker_pids(out: Path) -> list[int]:
+    return list(run_pids(out, ("ray::RolloutWorker",)))
 
 
 @pytest.mark.slow
@@ -164,11 +164,11 @@ def test_a_killed_rollout_worker_is_replaced_and_nothing_is_lost_silently(random
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "asyncrl.run", "--config", "configs/smoke.yaml", f"run.output_dir={out}", f"model.path={random_model_dir}",
            "run.steps=14", "run.eval=false", "rollout.max_new_tokens=48", "run.checkpoint_every=0"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=tagged(out))
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and len(metric_steps(out) if (out / "metrics.jsonl").exists() else []) < 3:
         time.sleep(0.2)
-    victims = rollout_worker_pids()
+    victims = rollout_worker_pids(out)
     assert len(victims) == 1
     os.kill(victims[0], signal.SIGKILL)  # the engine dies with its worker process, mid-run
     output, _ = proc.communicate(timeout=600)

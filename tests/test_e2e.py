@@ -7,6 +7,7 @@ The smoke run and every check of it run once per engine (rollout.engine=vllm, sg
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -25,9 +26,19 @@ STEP_KEYS = (
 pytestmark = pytest.mark.slow
 
 
+RUN_TAG = "ASYNCRL_TEST_RUN"
+"""Set in a test run's environment (its Ray workers and engines inherit it): their processes are told apart from
+those of another run on the same machine (a benchmark beside the tests)."""
+
+
+def tagged(tag: Path | str) -> dict:
+    """The environment of a run the test will look for by `tag` (actor_processes, run_pids)."""
+    return {**os.environ, RUN_TAG: str(tag)}
+
+
 def run_smoke(out: Path, model_dir: str, *overrides: str) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "asyncrl.run", "--config", "configs/smoke.yaml", f"run.output_dir={out}", f"model.path={model_dir}", *overrides]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env=tagged(out))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc
 
@@ -50,18 +61,24 @@ def validated_run(tiny_model_dir, tmp_path_factory, request) -> Path:
     return out
 
 
-def actor_processes() -> list[str]:
-    """Command lines of live asyncrl actor processes (Ray names them ray::<Class>) and SGLang's engine processes
-    (sglang::scheduler, sglang::detokenizer)."""
-    found = []
+def run_pids(tag: Path | str, prefixes: tuple[str, ...]) -> dict[int, str]:
+    """{pid: command line} of the live processes of the run started with tagged(tag) whose command line starts with
+    one of `prefixes`."""
+    found, mark = {}, f"{RUN_TAG}={tag}".encode()
     for proc in Path("/proc").iterdir():
         try:
             cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
+            if cmd.startswith(prefixes) and mark in (proc / "environ").read_bytes().split(b"\0"):
+                found[int(proc.name)] = cmd
+        except (OSError, ValueError):
             continue
-        if cmd.startswith(("ray::RolloutWorker", "ray::Learner", "ray::ReplayBuffer", "ray::RewardWorker", "sglang::")):
-            found.append(cmd)
     return found
+
+
+def actor_processes(tag: Path | str) -> list[str]:
+    """Command lines of the run's live asyncrl actor processes (Ray names them ray::<Class>) and SGLang's engine
+    processes (sglang::scheduler, sglang::detokenizer)."""
+    return list(run_pids(tag, ("ray::RolloutWorker", "ray::Learner", "ray::ReplayBuffer", "ray::RewardWorker", "sglang::")).values())
 
 
 def metrics_of(run_dir: Path) -> list[dict]:
@@ -109,10 +126,11 @@ def test_end_of_run_verdict_and_plots(async_run):
 
 
 def test_no_orphaned_actor_or_engine_processes(async_run):
+    run_dir, _ = async_run
     deadline = time.monotonic() + 20
-    while actor_processes() and time.monotonic() < deadline:
+    while actor_processes(run_dir) and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert actor_processes() == []
+    assert actor_processes(run_dir) == []
 
 
 def test_trajectory_invariants(async_run):

@@ -23,7 +23,7 @@ from asyncrl.core.messages import GroupId
 from asyncrl.core.schema import new_sample
 from asyncrl.core.store import read_trajectories
 from asyncrl.core.prompts import Prompt
-from tests.test_e2e import ROOT, actor_processes
+from tests.test_e2e import ROOT, actor_processes, tagged
 from tests.test_scoring import alive
 
 GROUP = 4
@@ -209,7 +209,7 @@ def test_a_run_with_hung_and_crashing_rewards_finishes_with_every_sample_recorde
     cmd = [sys.executable, "-m", "asyncrl.run", "--config", "configs/smoke.yaml", f"run.output_dir={out}", f"model.path={tiny_model_dir}",
            "run.steps=8", "run.eval=false", "reward.num_workers=2", "reward.num_cpus=0.5", "task.reward=tests.reward_fns.faulty_exact_match",
            "task.reward_timeout_s=1.0"]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env=tagged(out))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = read_trajectories(out / "trajectories").to_pylist()
     ids = [r["sample_id"] for r in rows]
@@ -235,9 +235,9 @@ def test_a_run_with_hung_and_crashing_rewards_finishes_with_every_sample_recorde
     logged = {re.sub(r"/w\d+/", "/w<i>/", k) for row in metrics for k in row if "/" in k}
     assert not logged - documented, f"add these to docs/metrics.md: {sorted(logged - documented)}"
     deadline = time.monotonic() + 20
-    while (actor_processes() or set(scoring_children()) - before) and time.monotonic() < deadline:
+    while (actor_processes(out) or set(scoring_children()) - before) and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert actor_processes() == [] and set(scoring_children()) - before == set()  # nothing left running
+    assert actor_processes(out) == [] and set(scoring_children()) - before == set()  # nothing left running
 
 
 @pytest.mark.slow
