@@ -4,7 +4,8 @@
     .venv/bin/python bench/accuracy_protocol.py dev         # one step: dev | choose | test | summary
 
 Each step is `bench/vs_trl.py` runs (or reads their records), and every run is recorded in bench/results/ as it ends,
-so the protocol can be stopped and resumed: a step whose record exists is not run again.
+so the protocol can be stopped and resumed: a step whose record exists is not run again, and a run stopped part-way
+goes on from the sides it had finished (kept in bench/work/; `vs_trl.py --resume`).
 
 1. dev: for each learning rate of `LRS`, one run of the three sides back to back on the config's training stream,
    evaluated on the dev problems (`task.dev_size`): asyncrl (`--config`), its colocated synchronous baseline
@@ -107,8 +108,15 @@ def record(name: str) -> Path:
     return BENCH / "results" / f"{name}.json"
 
 
+WORK = BENCH / "work"
+"""Where each run's sides are kept until its record is written (git ignores it): a run stopped part-way (a session
+that ends) goes on from its last finished side, or its last scored side, when the protocol is started again."""
+
+
 def run_vs_trl(args: list[str]) -> None:
-    cmd = [sys.executable, str(BENCH / "vs_trl.py"), *args]
+    tag = args[args.index("--tag") + 1]
+    stem = Path(args[args.index("--config") + 1]).stem
+    cmd = [sys.executable, str(BENCH / "vs_trl.py"), *args, "--keep", str(WORK / f"{stem}_{tag}"), "--resume"]
     print("accuracy_protocol: " + " ".join(cmd[1:]), flush=True)
     if subprocess.run(cmd, cwd=ROOT).returncode != 0:
         raise SystemExit("accuracy_protocol: a vs_trl run failed; the runs recorded so far stay, rerun to go on")

@@ -353,11 +353,13 @@ def lengths_cell(d: dict | None) -> str:
     return f"mean {d['mean']:.0f} / max {d['max']:.0f} (TRL logs no percentiles), {d['cut']:.0%} cut"
 
 
-def evaluate(config: Path, model: str, sides: list[list[dict]], overrides: list[str] = (), split: str = "test") -> float:
+def evaluate(config: Path, model: str, sides: list[list[dict]], overrides: list[str] = (), split: str = "test",
+             after_side=None) -> float:
     """Set `accuracy` on every point: greedy accuracy on the `split` problems (test: the task's held-out eval
     problems; dev: its `task.dev_size` dev problems), as asyncrl's rollout worker computes it (vLLM greedy to
     max_new_tokens, the task's reward), one engine for all. Only that split is read: a dev run never scores the
-    test problems. Returns the seconds it took.
+    test problems. `after_side(i)` is called once side i is scored (its accuracies can be kept). Returns the seconds
+    it took.
 
     Each side starts from the initial weights: a LoRA snapshot holds only the adapted layers."""
     import torch
@@ -390,7 +392,7 @@ def evaluate(config: Path, model: str, sides: list[list[dict]], overrides: list[
         return {"accuracy": statistics.fmean(reward(p, engine.tokenizer.decode(o, skip_special_tokens=True)) for p, o in zip(prompts, outs))}
 
     base = accuracies()
-    for points in sides:
+    for i, points in enumerate(sides):
         load(initial)
         for p in points:
             if p["path"] is None:  # asyncrl's step 0: the initial model itself
@@ -399,6 +401,8 @@ def evaluate(config: Path, model: str, sides: list[list[dict]], overrides: list[
             state = torch.load(p["path"], map_location="cpu", weights_only=True)
             load(state["model"] if isinstance(state.get("model"), dict) else state)  # learner.pt or a bare state_dict
             p.update(accuracies())
+        if after_side is not None:
+            after_side(i)
     return time.perf_counter() - t0
 
 
@@ -511,6 +515,79 @@ def plot_curves(sides: dict[str, list[dict]], threshold: float, title: str, path
     fig.savefig(path, dpi=110)
 
 
+SIDE_FILE = "side.json"
+"""A finished side's result in its run directory, with the job that made it (`--resume` takes it instead of running)."""
+
+
+def side_job(*parts: object) -> str:
+    """What makes a side's run what it is (its program, config, overrides, steps, snapshots, model, threads)."""
+    return json.dumps([str(p) if isinstance(p, Path) else p for p in parts])
+
+
+def kept_side(out: Path, job: str) -> dict | None:
+    """The result a finished side left in `out`, when the same job made it; None: run it (again)."""
+    path = out / SIDE_FILE
+    if not path.is_file():
+        return None
+    kept = json.loads(path.read_text())
+    return kept["run"] if kept.get("job") == job else None
+
+
+def keep_side(out: Path, job: str, run: dict, **extra: object) -> None:
+    """Record a finished side (and, once scored, its points' accuracies) for `--resume`."""
+    (out / SIDE_FILE).write_text(json.dumps({"job": job, "run": run, **extra}, indent=1))
+
+
+def scored_side(out: Path, split: str) -> list[dict] | None:
+    """The side's points with their accuracies on `split`, when its scoring finished before."""
+    path = out / SIDE_FILE
+    kept = json.loads(path.read_text()) if path.is_file() else {}
+    return kept.get("scored", {}).get(split)
+
+
+def plan_sides(args, model: str, trl_names: dict, trl_config: Path, trl_sets: list[str], trl_steps: int, trl_every: int,
+               sync_sets: list[str], sync_steps: int, sync_every: int) -> dict[str, tuple[str, str, object]]:
+    """Each side to run: key -> (what it is, its job, how to run it into a directory)."""
+    plan = {"asyncrl": (f"asyncrl, {args.steps} steps", side_job("asyncrl", args.config, args.set, args.steps, args.save_every),
+                        lambda out: run_asyncrl(args.config, out, args.steps, args.save_every, args.set))}
+    if args.sync_config:
+        plan["sync"] = (f"{SIDE_NAMES['sync']}, {sync_steps} steps of {args.steps // sync_steps} asyncrl steps' samples",
+                        side_job("sync", args.sync_config, sync_sets, sync_steps, sync_every),
+                        lambda out: run_asyncrl(args.sync_config, out, sync_steps, sync_every, sync_sets))
+    for key, name in trl_names.items():
+        plan[key] = (f"{name}, {trl_steps} optimizer steps",
+                     side_job(key, trl_config, trl_sets, trl_steps, trl_every, model, args.trl_threads, args.trl_max_minutes),
+                     lambda out, key=key: run_trl(trl_config, out, model, trl_steps, trl_every, threads=args.trl_threads,
+                                                  vllm=key == "trl_vllm", max_minutes=args.trl_max_minutes, sets=trl_sets))
+    return plan
+
+
+def run_sides(plan: dict, work: Path, resume: bool) -> tuple[dict[str, dict], list[str]]:
+    """Run each side into work/<key> (with `resume`, take the ones the same job finished there before); returns
+    the runs and the keys taken from before."""
+    runs, resumed = {}, []
+    for key, (what, job, run) in plan.items():
+        kept = kept_side(work / key, job) if resume else None
+        if kept is not None:
+            print(f"vs_trl: {what}: finished by an earlier invocation of the same job ({work / key})", flush=True)
+            runs[key] = kept
+            resumed.append(key)
+            continue
+        shutil.rmtree(work / key, ignore_errors=True)  # a run directory must start empty (metrics.jsonl is appended to)
+        print(f"vs_trl: {what} ...", flush=True)
+        runs[key] = run(work / key)
+        keep_side(work / key, job, runs[key])
+    return runs, resumed
+
+
+def take_scores(run: dict, scored: list[dict] | None) -> bool:
+    """Give `run` the accuracies its side was scored with before, when they are for the same snapshots."""
+    if scored is None or [p["step"] for p in scored] != [p["step"] for p in run["points"]]:
+        return False
+    run["points"] = scored
+    return True
+
+
 def stamp(work: Path, names: list[str]) -> None:
     """Mark the runs of one invocation with one id, so that `--reuse` never reports a ratio of runs made apart."""
     token = uuid.uuid4().hex
@@ -525,7 +602,7 @@ def same_invocation(work: Path, names: list[str]) -> None:
         raise SystemExit(f"vs_trl: the runs in {work} did not come from one invocation ({tokens}): no ratio of them is reported")
 
 
-def main() -> None:
+def arg_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", type=Path, default=ROOT / "configs" / "default.yaml", help="the asyncrl job both sides run")
     parser.add_argument("--steps", type=int, default=40, help="optimizer steps on each side (the default job's 40)")
@@ -542,6 +619,9 @@ def main() -> None:
     parser.add_argument("--trl-max-minutes", type=float,
                         help="stop TRL after the first step past this many training minutes (a side that stops before "
                              "the threshold gives a lower bound on the ratio)")
+    parser.add_argument("--resume", action="store_true",
+                        help="with --keep: take every side that an earlier invocation of the same job finished (and scored) "
+                             "there instead of running it again; the others run (a protocol goes on across sessions)")
     parser.add_argument("--reuse", action="store_true",
                         help="with --keep: run nothing, evaluate and report the runs already in that directory")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -561,6 +641,11 @@ def main() -> None:
                         help="a config override for the synchronous side only, after --set (its own tuned learner.lr)")
     parser.add_argument("--no-trl", action="store_true", help="no TRL side (asyncrl and --sync-config only)")
     parser.add_argument("--tag", help="appended to the result's name (vs_trl_<config>_<tag>), so runs of a protocol do not overwrite each other")
+    return parser
+
+
+def main() -> None:
+    parser = arg_parser()
     args = parser.parse_args()
     if args.steps < 1 or args.save_every < 1:
         parser.error("--steps and --save-every must be >= 1")
@@ -594,8 +679,9 @@ def main() -> None:
 
     def as_sync(run: dict) -> dict:  # the synchronous run, numbered in asyncrl's steps
         return {**run, "points": in_asyncrl_steps(run["points"], args.steps // sync_steps)}
-    if args.reuse and not args.keep:
-        parser.error("--reuse needs --keep DIR (the runs to report)")
+    if (args.reuse or args.resume) and not args.keep:
+        parser.error("--reuse and --resume need --keep DIR (the runs to report or to go on with)")
+    resumed: list[str] = []
     with tempfile.TemporaryDirectory(prefix="vs-trl-") as tmp:
         work = args.keep or Path(tmp)
         if args.reuse:
@@ -607,21 +693,25 @@ def main() -> None:
                 runs["sync"] = as_sync(collect_asyncrl(work / "sync", sync_steps, sync_every, "(reused)", None))
             runs.update({k: collect_trl(work / k, "(reused)", None) for k in trl_names})
         else:
-            for stale in ("asyncrl", *others):  # a run directory must start empty (metrics.jsonl is appended to)
-                shutil.rmtree(work / stale, ignore_errors=True)
             work.mkdir(parents=True, exist_ok=True)
-            print(f"vs_trl: asyncrl, {args.steps} steps ...", flush=True)
-            runs = {"asyncrl": run_asyncrl(args.config, work / "asyncrl", args.steps, args.save_every, args.set)}
-            if args.sync_config:
-                print(f"vs_trl: {SIDE_NAMES['sync']}, {sync_steps} steps of {args.steps // sync_steps} asyncrl steps' samples ...", flush=True)
-                runs["sync"] = as_sync(run_asyncrl(args.sync_config, work / "sync", sync_steps, sync_every, sync_sets))
-            for key, name in trl_names.items():
-                print(f"vs_trl: {name}, {trl_steps} optimizer steps ...", flush=True)
-                runs[key] = run_trl(trl_config, work / key, model, trl_steps, trl_every, threads=args.trl_threads,
-                                    vllm=key == "trl_vllm", max_minutes=args.trl_max_minutes, sets=trl_sets)
-            stamp(work, ["asyncrl", *others])
-        print(f"vs_trl: evaluating {sum(len(r['points']) for r in runs.values())} snapshots ...", flush=True)
-        eval_s = evaluate(args.config, model, [r["points"] for r in runs.values()], args.set, args.split)
+            runs, resumed = run_sides(plan_sides(args, model, trl_names, trl_config, trl_sets, trl_steps, trl_every,
+                                                 sync_sets, sync_steps, sync_every), work, args.resume)
+            if "sync" in runs:
+                runs["sync"] = as_sync(runs["sync"])
+            stamp(work, list(runs))
+        todo = {k: r for k, r in runs.items() if not (args.resume and take_scores(r, scored_side(work / k, args.split)))}
+        print(f"vs_trl: evaluating {sum(len(r['points']) for r in todo.values())} snapshots"
+              f"{' (the rest scored before)' if len(todo) < len(runs) else ''} ...", flush=True)
+
+        def keep_scores(i: int) -> None:  # a side scored: kept, so that a stopped evaluation resumes after it
+            key = list(todo)[i]
+            path = work / key / SIDE_FILE
+            if path.is_file():
+                kept = json.loads(path.read_text())
+                kept.setdefault("scored", {})[args.split] = todo[key]["points"]
+                path.write_text(json.dumps(kept, indent=1))
+        eval_s = (evaluate(args.config, model, [r["points"] for r in todo.values()], args.set, args.split, after_side=keep_scores)
+                  if todo else 0.0)
     rs = {k: ratios(runs["asyncrl"]["points"], runs[k]["points"], args.threshold) for k in others}
     for run in runs.values():
         for p in run["points"]:
@@ -635,6 +725,7 @@ def main() -> None:
         "sync_config": str(args.sync_config) if args.sync_config else None, "sync_overrides": args.sync_set, "sync_steps": sync_steps,
         "trl_steps": trl_steps, "machine": mach, "steps": args.steps, "save_every": args.save_every, "threshold": args.threshold,
         "trl_threads": args.trl_threads, "install_s": install_s, "eval_s": eval_s, "argv": sys.argv[1:],
+        "resumed_sides": resumed if not args.reuse else [],  # made by an earlier invocation (--resume), same job
         "job": job_line(cfg), "eval_size": cfg.task.eval_size if args.split == "test" else cfg.task.dev_size,
         "total_s_excluding_install": time.perf_counter() - t_start,
         **runs, "ratios_asyncrl_over": rs,

@@ -274,3 +274,44 @@ def test_trl_lora_snapshot_holds_the_merged_weights_a_sync_sends(trl_grpo, rando
     expected = layer.get_base_layer().weight + (b @ a) * layer.scaling["default"]
     assert torch.allclose(weights[name], expected, atol=1e-6)
     assert not weights[name].requires_grad
+
+
+def test_resume_takes_the_sides_the_same_job_finished_and_runs_the_rest(vs_trl, tmp_path):
+    ran = []
+
+    def runner(key):
+        def run(out: Path) -> dict:
+            out.mkdir(parents=True)
+            ran.append(key)
+            return {"points": [{"step": 0, "train_s": 0.0, "path": None}, {"step": 8, "train_s": 9.0, "path": str(out / "s8")}]}
+        return run
+
+    plan = {k: (k, vs_trl.side_job(k, Path("c.yaml"), ["learner.lr=1e-3"], 64, 8), runner(k)) for k in ("asyncrl", "sync")}
+    runs, resumed = vs_trl.run_sides(plan, tmp_path, resume=True)
+    assert ran == ["asyncrl", "sync"] and resumed == [] and set(runs) == {"asyncrl", "sync"}
+
+    (tmp_path / "sync" / "stray").write_text("from the stopped run")  # sync stopped part-way: no side.json
+    (tmp_path / "sync" / vs_trl.SIDE_FILE).unlink()
+    ran.clear()
+    runs, resumed = vs_trl.run_sides(plan, tmp_path, resume=True)
+    assert ran == ["sync"] and resumed == ["asyncrl"] and not (tmp_path / "sync" / "stray").exists()  # started afresh
+
+    other = {**plan, "asyncrl": ("asyncrl", vs_trl.side_job("asyncrl", Path("c.yaml"), ["learner.lr=5e-4"], 64, 8), runner("asyncrl"))}
+    ran.clear()
+    vs_trl.run_sides(other, tmp_path, resume=True)  # another job in the same directory: nothing of it is taken
+    assert ran == ["asyncrl"]
+    ran.clear()
+    vs_trl.run_sides(plan, tmp_path, resume=False)  # without resume every side runs
+    assert ran == ["asyncrl", "sync"]
+
+
+def test_a_scored_side_keeps_its_accuracies_only_for_the_same_snapshots(vs_trl, tmp_path):
+    run = {"points": [{"step": 0, "path": None}, {"step": 8, "path": "s8"}]}
+    kept = {"points": [dict(p) for p in run["points"]]}
+    vs_trl.keep_side(tmp_path, "job", run, scored={"dev": [{"step": 0, "accuracy": 0.1}, {"step": 8, "accuracy": 0.3}]})
+    assert vs_trl.scored_side(tmp_path, "test") is None
+    scored = vs_trl.scored_side(tmp_path, "dev")
+    assert vs_trl.take_scores(run, scored) and [p["accuracy"] for p in run["points"]] == [0.1, 0.3]
+    other = {"points": [{"step": 0, "path": None}, {"step": 16, "path": "s16"}]}
+    assert not vs_trl.take_scores(other, scored) and "accuracy" not in other["points"][1]
+    assert vs_trl.kept_side(tmp_path, "job") == kept and vs_trl.kept_side(tmp_path, "another job") is None
