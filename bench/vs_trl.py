@@ -524,13 +524,16 @@ def side_job(*parts: object) -> str:
     return json.dumps([str(p) if isinstance(p, Path) else p for p in parts])
 
 
+def read_side(out: Path) -> dict:
+    """What a side left in `out` (`keep_side`), or {} when it left nothing."""
+    path = out / SIDE_FILE
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
 def kept_side(out: Path, job: str) -> dict | None:
     """The result a finished side left in `out`, when the same job made it; None: run it (again)."""
-    path = out / SIDE_FILE
-    if not path.is_file():
-        return None
-    kept = json.loads(path.read_text())
-    return kept["run"] if kept.get("job") == job else None
+    kept = read_side(out)
+    return kept["run"] if kept and kept.get("job") == job else None
 
 
 def keep_side(out: Path, job: str, run: dict, **extra: object) -> None:
@@ -540,9 +543,7 @@ def keep_side(out: Path, job: str, run: dict, **extra: object) -> None:
 
 def scored_side(out: Path, split: str) -> list[dict] | None:
     """The side's points with their accuracies on `split`, when its scoring finished before."""
-    path = out / SIDE_FILE
-    kept = json.loads(path.read_text()) if path.is_file() else {}
-    return kept.get("scored", {}).get(split)
+    return read_side(out).get("scored", {}).get(split)
 
 
 def plan_sides(args, model: str, trl_names: dict, trl_config: Path, trl_sets: list[str], trl_steps: int, trl_every: int,
@@ -705,11 +706,10 @@ def main() -> None:
 
         def keep_scores(i: int) -> None:  # a side scored: kept, so that a stopped evaluation resumes after it
             key = list(todo)[i]
-            path = work / key / SIDE_FILE
-            if path.is_file():
-                kept = json.loads(path.read_text())
+            kept = read_side(work / key)
+            if kept:
                 kept.setdefault("scored", {})[args.split] = todo[key]["points"]
-                path.write_text(json.dumps(kept, indent=1))
+                (work / key / SIDE_FILE).write_text(json.dumps(kept, indent=1))
         eval_s = (evaluate(args.config, model, [r["points"] for r in todo.values()], args.set, args.split, after_side=keep_scores)
                   if todo else 0.0)
     rs = {k: ratios(runs["asyncrl"]["points"], runs[k]["points"], args.threshold) for k in others}
