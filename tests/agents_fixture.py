@@ -35,14 +35,16 @@ def two_turns(task: dict) -> float:
 
 
 def misbehaving(task: dict) -> float:
-    """Requests the endpoint must refuse with a clear error, then a conversation it rewrites (which ends the episode)."""
+    """Requests the endpoint must refuse with a clear error, then a conversation it rewrites (which ends the episode).
+    The unnamed and unknown episodes are asked at the endpoint's root (the task's base_url names the episode)."""
     client, errors = _client(task), {}
+    root = openai.OpenAI(base_url=task["base_url"].split("/episodes/")[0] + "/v1", api_key="asyncrl", max_retries=0, timeout=60)
     messages = [{"role": "user", "content": task["prompt"]}]
     for name, kwargs in (("unknown_episode", {"user": "no-such-episode"}), ("no_episode", {}),
                          ("stream", {"user": task["episode_id"], "stream": True}),
-                         ("tools", {"user": task["episode_id"], "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]})):
+                         ("tools", {"user": task["episode_id"], "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "objekt"}}}]})):
         try:
-            client.chat.completions.create(model="policy", messages=messages, **kwargs)
+            (client if kwargs.get("user") == task["episode_id"] else root).chat.completions.create(model="policy", messages=messages, **kwargs)
         except openai.APIStatusError as exc:
             errors[name] = [exc.status_code, exc.body["message"] if isinstance(exc.body, dict) else str(exc.body)]
     first = client.chat.completions.create(model="policy", messages=messages, user=task["episode_id"], max_tokens=4)

@@ -114,14 +114,14 @@ def test_the_endpoint_routes_checks_queues_and_answers_requests():
         assert http(f"{url}/models") == http(f"{url}/models/") == (200, models)
         assert http(f"{url}/chat/completions", ask("e1", "hi", max_tokens=3)) == (200, {"episode": "e1", "said": "hi", "max_tokens": 3})
         assert http(f"{url}/chat/completions/", ask(None, "hey"), {"X-Episode-Id": "e2"})[1]["episode"] == "e2"
-        both = "POST /v1/chat/completions, GET /v1/models"
+        both = "POST /v1/chat/completions, GET /v1/models (or under /episodes/{episode_id})"
         for route, body, message in (("nope", None, f"no route /v1/nope: {both}"),
                                      ("chat/completions", None, f"no route /v1/chat/completions: {both}"),
-                                     ("models", {}, "no route /v1/models: POST /v1/chat/completions")):
+                                     ("models", {}, "no route /v1/models: POST /v1/chat/completions (or under /episodes/{episode_id})")):
             assert http(f"{url}/{route}", body) == (404, {"error": {"message": message, "type": "invalid_request_error"}})
         for body, status, words in ((b"{", 400, "not JSON"), (ask(None, "x"), 400, "episode_id"), (ask("e3", "x"), 404, "no episode 'e3'"),
                                     (ask("e1", "x", stream=True), 400, "stream"), (ask("e1", "x", n=2), 400, "n=2"),
-                                    (ask("e1", "x", tools=[{"type": "function"}]), 400, "tools"), (ask("e1", "x", max_tokens=0), 400, "max_tokens"),
+                                    (ask("e1", "x", tools=[{"type": "function"}]), 400, "tools[0]"), (ask("e1", "x", max_tokens=0), 400, "max_tokens"),
                                     (ask("e1", "fail"), 400, "refused by the loop")):
             status_got, reply = http(f"{url}/chat/completions", body)
             assert status_got == status and words in reply["error"]["message"] and reply["error"]["type"] == "invalid_request_error"
@@ -165,11 +165,24 @@ def test_the_endpoint_times_out_closes_and_refuses_a_port_in_use():
     assert replies == [(503, {"error": {"message": "the endpoint closed", "type": "invalid_request_error"}})]
 
 
+class CharCodec:
+    """A "tokenizer" of one token per character of each message (EOS is 0), standing for asyncrl.core.chat.AgentCodec."""
+
+    def prompt_ids(self, messages, tools):
+        return [ord(c) for m in messages for c in m["content"]]
+
+    def delta_ids(self, messages, after_eos):
+        return self.prompt_ids(messages, None)
+
+    def decode(self, ids):
+        return "".join(chr(i) for i in ids if i)
+
+    def tokens(self, ids):
+        return [chr(i) for i in ids]
+
+
 def hand_run(max_turns=3, max_tokens=20) -> AgentRun:
-    """An agent episode whose "tokenizer" makes one token per character of each message (EOS is 0)."""
-    render = lambda messages: [ord(c) for m in messages for c in m["content"]]  # noqa: E731
-    return AgentRun("e", EpisodeLimits(max_turns, max_tokens, 4), render, lambda messages, after_eos: render(messages),
-                    lambda ids: "".join(chr(i) for i in ids if i), lambda ids: [chr(i) for i in ids], frozenset({0}), 100)
+    return AgentRun("e", EpisodeLimits(max_turns, max_tokens, 4), CharCodec(), frozenset({0}), 100)
 
 
 def test_an_agent_episode_masks_the_added_messages_and_answers_each_request():
@@ -294,7 +307,7 @@ def test_bad_requests_are_refused_and_a_rewritten_conversation_drops_its_group(p
         assert errors["unknown_episode"][0] == 404 and "no-such-episode" in errors["unknown_episode"][1]
         assert errors["no_episode"][0] == 400 and "episode_id" in errors["no_episode"][1]
         assert errors["stream"][0] == 400 and "stream" in errors["stream"][1]
-        assert errors["tools"][0] == 400 and "tools" in errors["tools"][1]
+        assert errors["tools"][0] == 400 and "tools[0].function.parameters['type'] is not a valid JSON Schema" in errors["tools"][1]
         assert errors["rewritten"][0] == 400 and "repeat the conversation" in errors["rewritten"][1]
 
 

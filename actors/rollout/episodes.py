@@ -4,10 +4,11 @@ from __future__ import annotations
 import zlib
 
 from asyncrl.core.agents import AgentRun
-from asyncrl.core.chat import encode_prompt, observation_ids
+from asyncrl.core.chat import AgentCodec, encode_prompt, observation_ids
 from asyncrl.core.config import Config
 from asyncrl.core.episode import EpisodeDriver, EpisodeLimits, EpisodeRun, SingleTurn
 from asyncrl.core.prompts import Prompt
+from asyncrl.core.tool_calls import parser_class
 
 
 class BadPrompt(ValueError):
@@ -24,6 +25,9 @@ class EpisodeMaker:
         self.limits = EpisodeLimits(e.max_turns, e.max_episode_tokens, r.max_new_tokens)
         self.eos_ids = frozenset(i for i in (tokenizer.eos_token_id,) if i is not None)
         self.max_prompt = cfg.model.max_model_len - (e.max_episode_tokens if env_cls else r.max_new_tokens)
+        self.codec = AgentCodec(tokenizer, e.tool_parser) if agent else None
+        if agent:
+            parser_class(e.tool_parser)  # an unknown parser fails the worker's start, not an episode
 
     def opening(self, prompt: Prompt) -> str | list[dict]:
         """What the model sees first: the prompt, or its environment's first message."""
@@ -57,9 +61,7 @@ class EpisodeMaker:
         replays the same environment); an agent's episode id is the sample id."""
         tok, chat = self.tokenizer, self.cfg.task.chat
         if self.agent:
-            return AgentRun(sample_id, self.limits, lambda messages: encode_prompt(tok, messages, True),
-                            lambda messages, after_eos: observation_ids(tok, messages, True, after_eos),
-                            self.decode, tok.convert_ids_to_tokens, self.eos_ids, self.max_prompt)
+            return AgentRun(sample_id, self.limits, self.codec, self.eos_ids, self.max_prompt)
         if self.env_cls is not None:
             env = self.env_cls(prompt, seed=self.cfg.run.seed * 1_000_003 + zlib.crc32(sample_id.encode()))
             return EpisodeRun(env, prompt_ids, self.limits, lambda text, after_eos: observation_ids(tok, text, chat, after_eos),

@@ -1,10 +1,11 @@
 """The agents' OpenAI-compatible endpoint (asyncrl.core.agents): FastAPI on uvicorn, in a daemon thread of the rollout
 worker's process.
 
-`POST /v1/chat/completions` parses a request (asyncrl.core.agents.parse_request), checks that its episode is running,
+`POST /v1/chat/completions` parses a request (asyncrl.core.chat_api.parse_request), checks that its episode is running,
 queues it for the worker's loop (`Endpoint.take`) and waits up to `wait_s` for the loop's answer without holding the
 event loop: the loop's thread wakes the waiting handler through `ChatRequest.on_done`. `GET /v1/models` lists the
-one model, "policy". Every error is an OpenAI-style `{"error": {"message", "type"}}`: 400 for a request the endpoint
+one model, "policy". Both are served under each episode's own base URL too, `/episodes/<id>/v1` (`episode_url`),
+where the path names the episode: an agent that only takes a base_url needs no episode id. Every error is an OpenAI-style `{"error": {"message", "type"}}`: 400 for a request the endpoint
 refuses, 404 for an unknown route or episode, 504 when the loop does not answer in time, or the status the loop failed
 the request with. The endpoint is imported only where agents run (AgentHost), so the rest never loads FastAPI.
 """
@@ -16,6 +17,7 @@ import socket
 import threading
 import time
 from typing import Callable
+from urllib.parse import quote
 
 import uvicorn
 from fastapi import FastAPI, Request, Response
@@ -24,6 +26,7 @@ from starlette.exceptions import HTTPException
 from asyncrl.core.chat_api import ChatRequest, ChatRequestError, parse_request
 
 CHAT, MODELS = "/v1/chat/completions", "/v1/models"
+EPISODE = "/episodes/{episode_id}"
 MODEL_LIST = {"object": "list", "data": [{"id": "policy", "object": "model", "owned_by": "asyncrl"}]}
 START_S = 30.0
 """How long the server may take to start serving."""
@@ -46,7 +49,12 @@ class Endpoint:
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, name="asyncrl-endpoint", daemon=True)
         self.thread.start()
         self._wait_started()
-        self.base_url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/v1"
+        self.root = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.base_url = self.root + "/v1"
+
+    def episode_url(self, episode_id: str) -> str:
+        """The episode's own base URL: requests to it need no `user` or X-Episode-Id."""
+        return f"{self.root}/episodes/{quote(episode_id, safe='')}/v1"
 
     def _wait_started(self) -> None:
         deadline, (host, port) = time.monotonic() + START_S, self.sock.getsockname()
@@ -62,14 +70,18 @@ class Endpoint:
 
         @app.get(MODELS)
         @app.get(MODELS + "/")
+        @app.get(EPISODE + MODELS)
+        @app.get(EPISODE + MODELS + "/")
         async def models() -> Response:
             return _reply(200, MODEL_LIST)
 
         @app.post(CHAT)
         @app.post(CHAT + "/")
+        @app.post(EPISODE + CHAT)
+        @app.post(EPISODE + CHAT + "/")
         async def chat(request: Request) -> Response:
             try:
-                chat = parse_request(await request.body(), request.headers.get("X-Episode-Id"))
+                chat = parse_request(await request.body(), request.headers.get("X-Episode-Id"), request.path_params.get("episode_id"))
                 if not self.known(chat.episode_id):
                     raise ChatRequestError(404, f"no episode {chat.episode_id!r} is running on this worker (pass the task's episode_id)")
             except ChatRequestError as exc:
@@ -80,6 +92,7 @@ class Endpoint:
         async def no_route(request: Request, exc: HTTPException) -> Response:
             if exc.status_code in (404, 405):  # no such path, or not with this method
                 routes = f"POST {CHAT}, GET {MODELS}" if request.method == "GET" else f"POST {CHAT}"
+                routes += f" (or under {EPISODE})"
                 return _reply(404, _error(f"no route {request.url.path}: {routes}"))
             return _reply(exc.status_code, _error(str(exc.detail)))
 

@@ -1,6 +1,9 @@
 """Token ids for the engine: a prompt as the policy reads it (`encode_prompt`), and an observation appended to an
-episode token in / token out (`observation_ids`), both through the tokenizer's chat template with `task.chat`."""
+episode token in / token out (`observation_ids`), both through the tokenizer's chat template with `task.chat`;
+an agent episode's whole codec (`AgentCodec`: its requests' messages and tools in, tool calls out)."""
 from __future__ import annotations
+
+from asyncrl.core.tool_calls import fallback, for_template, parse_tool_calls, parser_class, template_reads_tools
 
 
 def encode_prompt(tokenizer, text: str | list[dict], chat: bool) -> list[int]:
@@ -42,3 +45,35 @@ def observation_ids(tokenizer, text: str | list[dict], chat: bool, after_eos: bo
     if after_eos and eos and tail.startswith(eos):
         tail = tail[len(eos):]
     return list(tokenizer(tail, add_special_tokens=False).input_ids)
+
+
+class AgentCodec:
+    """An agent episode's token work (asyncrl.core.agents.AgentRun), through the tokenizer's chat template: a first
+    request's messages and tools into prompt ids, added messages into observation ids, sampled ids into text, and
+    the text into tool calls by vLLM's parser `tool_parser` (asyncrl.core.tool_calls: the template renders the tools
+    when it reads them, else the fallback format does)."""
+
+    def __init__(self, tokenizer, tool_parser: str = "hermes") -> None:
+        self.tokenizer, self.tool_parser = tokenizer, tool_parser
+        self.native = template_reads_tools(tokenizer)
+        self._parser = None
+
+    def prompt_ids(self, messages: list[dict], tools: list[dict] | None) -> list[int]:
+        if not self.native:
+            return encode_prompt(self.tokenizer, fallback(messages, tools), True)
+        rendered = self.tokenizer.apply_chat_template(for_template(messages), tools=tools, add_generation_prompt=True, tokenize=False)
+        return list(self.tokenizer(rendered, add_special_tokens=False).input_ids)
+
+    def delta_ids(self, messages: list[dict], after_eos: bool) -> list[int]:
+        return observation_ids(self.tokenizer, for_template(messages) if self.native else fallback(messages, None), True, after_eos)
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def tokens(self, ids: list[int]) -> list[str]:
+        return self.tokenizer.convert_ids_to_tokens(ids)
+
+    def parse(self, text: str, tools: list[dict]) -> tuple[str | None, list[dict]]:
+        if self._parser is None:
+            self._parser = parser_class(self.tool_parser)
+        return parse_tool_calls(self._parser, self.tokenizer, text, tools)

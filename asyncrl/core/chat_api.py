@@ -1,6 +1,7 @@
 """The OpenAI chat-completions protocol as the agents' endpoint speaks it: a request checked and parsed
 (`parse_request`; what is refused, with which status, is docs/environments-and-agents.md's list), the request the
-rollout loop answers (`ChatRequest`), and a reply's body (`completion_body`)."""
+rollout loop answers (`ChatRequest`), and a reply's body (`completion_body`). Function calling's parts (tools,
+tool calls, their rendering and parsing) are asyncrl.core.tool_calls."""
 from __future__ import annotations
 
 import json
@@ -10,6 +11,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from pydantic import BaseModel, ValidationError, field_validator, model_validator
+
+from asyncrl.core.tool_calls import canonical_tool_calls, check_tool_choice, check_tools
 
 ROLES = ("system", "user", "assistant", "tool", "developer")
 
@@ -31,6 +34,8 @@ class ChatRequest:
     max_tokens: int | None = None
     logprobs: bool = False
     stop: tuple[str, ...] = ()
+    tools: list[dict] | None = None  # function tools (asyncrl.core.tool_calls.check_tools)
+    tool_choice: str = "none"  # "auto" (tool calls are parsed from the reply) or "none"
     received: float = field(default_factory=time.monotonic)
     body: dict | None = None  # the answer
     error: ChatRequestError | None = None
@@ -53,13 +58,15 @@ class ChatRequest:
 
 class ChatBody(BaseModel):
     """The fields of a chat-completions body that the endpoint reads (others are ignored), checked in this order
-    after the episode's name: stream, n, tools, max_tokens, messages, stop. A check that fails raises
-    ChatRequestError, which pydantic wraps in its ValidationError (parse_request unwraps it)."""
+    after the episode's name: stream, n, functions, tools, tool_choice, max_tokens, messages, stop. A check that
+    fails raises ChatRequestError, which pydantic wraps in its ValidationError (parse_request unwraps it)."""
 
     max_tokens: int | None = None
     logprobs: bool = False
-    messages: list[dict[str, str]]
+    messages: list[dict[str, Any]]
     stop: tuple[str, ...] = ()
+    tools: list[dict] | None = None
+    tool_choice: str = "none"
 
     @model_validator(mode="before")
     @classmethod
@@ -69,10 +76,16 @@ class ChatBody(BaseModel):
             raise ChatRequestError(400, "stream=true is not supported: each reply is recorded whole")
         if body.get("n", 1) != 1:
             raise ChatRequestError(400, f"n={body.get('n')} is not supported: one reply per request (the run's group_size gives the samples)")
-        if body.get("tools") or body.get("functions"):
-            raise ChatRequestError(400, "the API's tools are not supported: write tool calls in the text and send results as messages")
+        if body.get("functions") or body.get("function_call"):
+            raise ChatRequestError(400, "the deprecated `functions` API is not supported: pass `tools`")
+        try:
+            tools = check_tools(body.get("tools"))
+            tool_choice = check_tool_choice(body.get("tool_choice"), tools)
+        except ValueError as exc:
+            raise ChatRequestError(400, str(exc)) from None
         return {"max_tokens": body.get("max_completion_tokens", body.get("max_tokens")), "logprobs": bool(body.get("logprobs")),
-                "messages": body.get("messages"), "stop": body.get("stop")}
+                "messages": body.get("messages"), "stop": body.get("stop"), "tools": tools,
+                "tool_choice": tool_choice}
 
     @field_validator("max_tokens", mode="before")
     @classmethod
@@ -92,22 +105,25 @@ class ChatBody(BaseModel):
         return stop_strings(stop)
 
 
-def parse_request(payload: bytes, header_episode: str | None) -> ChatRequest:
-    """A chat-completions body as a ChatRequest, or ChatRequestError(400) naming what is wrong with it."""
+def parse_request(payload: bytes, header_episode: str | None, path_episode: str | None = None) -> ChatRequest:
+    """A chat-completions body as a ChatRequest, or ChatRequestError(400) naming what is wrong with it. The episode is
+    the one the URL names (`/episodes/<id>/v1/...`: an agent that knows nothing of asyncrl), else the X-Episode-Id
+    header's, else the body's `user`."""
     try:
         body = json.loads(payload or b"{}")
     except ValueError as exc:  # not JSON, or not UTF-8
         raise ChatRequestError(400, f"the body is not JSON: {exc}") from None
     if not isinstance(body, dict):
         raise ChatRequestError(400, "the body must be a JSON object")
-    episode_id = header_episode or body.get("user")
+    episode_id = path_episode or header_episode or body.get("user")
     if not isinstance(episode_id, str) or not episode_id:
-        raise ChatRequestError(400, "name the episode: pass the task's episode_id as `user` (or an X-Episode-Id header)")
+        raise ChatRequestError(400, "name the episode: use the task's base_url (it names the episode), or pass the task's "
+                                    "episode_id as `user` or in an X-Episode-Id header")
     try:
         checked = ChatBody.model_validate(body)
     except ValidationError as exc:
         raise _refusal(exc) from None
-    return ChatRequest(episode_id, checked.messages, checked.max_tokens, checked.logprobs, checked.stop)
+    return ChatRequest(episode_id, checked.messages, checked.max_tokens, checked.logprobs, checked.stop, checked.tools, checked.tool_choice)
 
 
 def _refusal(exc: ValidationError) -> ChatRequestError:
@@ -135,21 +151,36 @@ def stop_strings(stop) -> tuple[str, ...]:
 
 
 def normalise_messages(messages) -> list[dict]:
-    """`messages` as [{"role", "content": str}]: text parts of a content list are joined; anything else is a 400."""
+    """`messages` in one canonical form, so that a conversation sent back compares equal to what was answered:
+    {"role", "content": str}, text parts of a content list joined, plus an assistant's non-empty `tool_calls` (its
+    content may then be null, read as "") and a tool result's `tool_call_id`; other fields are dropped; anything
+    else is a 400."""
     if not isinstance(messages, list) or not messages:
         raise ChatRequestError(400, "messages must be a non-empty list")
     out = []
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or m.get("role") not in ROLES:
             raise ChatRequestError(400, f"messages[{i}] needs a role of {', '.join(ROLES)}")
-        content = m.get("content")
+        content, calls = m.get("content"), m.get("tool_calls") if m["role"] == "assistant" else None
         if isinstance(content, list):
             if not all(isinstance(p, dict) and p.get("type") == "text" for p in content):
                 raise ChatRequestError(400, f"messages[{i}]: only text content parts are supported")
             content = "".join(p.get("text", "") for p in content)
+        if content is None and calls:
+            content = ""
         if not isinstance(content, str):
             raise ChatRequestError(400, f"messages[{i}].content must be a string")
-        out.append({"role": m["role"], "content": content})
+        message = {"role": m["role"], "content": content}
+        if calls:
+            try:
+                message["tool_calls"] = canonical_tool_calls(calls, f"messages[{i}]")
+            except ValueError as exc:
+                raise ChatRequestError(400, str(exc)) from None
+        if m["role"] == "tool":
+            if not isinstance(m.get("tool_call_id"), str):
+                raise ChatRequestError(400, f"messages[{i}] (tool) needs the tool_call_id of the call it answers")
+            message["tool_call_id"] = m["tool_call_id"]
+        out.append(message)
     return out
 
 
@@ -166,10 +197,12 @@ def divergence(known: list[dict], messages: list[dict]) -> str | None:
     return None
 
 
-def completion_body(episode_id: str, turn: int, text: str, ids: list[int], logprobs: list[float], versions: list[int],
+def completion_body(episode_id: str, turn: int, message: dict, ids: list[int], logprobs: list[float], versions: list[int],
                     finish: str, prompt_tokens: int, token_strings: list[str] | None) -> dict:
-    """An OpenAI chat.completion object for one model turn, with the tokens and versions under `asyncrl`."""
-    choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish, "logprobs": None}
+    """An OpenAI chat.completion object for one model turn (`message`: the canonical assistant message, its content
+    null when it holds tool calls only), with the tokens and versions under `asyncrl`."""
+    message = {**message, "content": message["content"] or None} if message.get("tool_calls") else message
+    choice = {"index": 0, "message": message, "finish_reason": finish, "logprobs": None}
     if token_strings is not None:
         choice["logprobs"] = {"content": [{"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
                                           for t, lp in zip(token_strings, logprobs)]}

@@ -140,6 +140,8 @@ class EnvConfig(_Section):
     """Longest one agent episode may take; past it the agent's process is killed and its group dropped (dropped_error)."""
     endpoint_port: int = Field(0, ge=0, le=65535)
     """Port of the chat-completions endpoint on 127.0.0.1 (env.agent); 0: a free one (the agent is given its base_url)."""
+    tool_parser: str = Field("hermes", min_length=1)
+    """vLLM's tool parser (vllm.tool_parsers) that reads tool calls out of the model's replies when an agent's request passes `tools` (env.agent); hermes reads the fallback format asyncrl renders tools in for a chat template that does not (asyncrl.core.tool_calls)."""
 
     @model_validator(mode="after")
     def _rules(self) -> EnvConfig:
