@@ -57,7 +57,28 @@ def misbehaving(task: dict) -> float:
     return 1.0
 
 
+CLOCK = {"type": "function", "function": {"name": "clock", "description": "The time now.", "parameters": {"type": "object", "properties": {}}}}
+
+
+def function_calling(task: dict) -> float:
+    """An agent that knows only its base URL (no episode id) and passes `tools`: it sends back each reply as the
+    SDK parsed it, the results of any tool calls as `role: "tool"` messages (else a follow-up question), and asks again."""
+    client = openai.OpenAI(base_url=task["base_url"], api_key="none", max_retries=0, timeout=60)
+    messages: list = [{"role": "user", "content": task["prompt"]}]
+    first = client.chat.completions.create(model="policy", messages=messages, tools=[CLOCK], max_tokens=6)
+    message = first.choices[0].message
+    messages.append(message)
+    added = ([{"role": "tool", "tool_call_id": call.id, "content": "12:00"} for call in message.tool_calls] if message.tool_calls
+             else [{"role": "user", "content": "And then?"}])
+    messages += added
+    second = client.chat.completions.create(model="policy", messages=messages, tools=[CLOCK], max_tokens=6)
+    _log(task, {"added": added, "replies": [first.model_dump(), second.model_dump()]})
+    return 1.0
+
+
 def by_group(task: dict) -> float:
-    """`misbehaving` in the training run's second group (its tests' run id is "t": sample ids t-w0-g1-N), `two_turns`
-    in the others and in evaluation (asyncrl-episode-...)."""
-    return misbehaving(task) if task["episode_id"].startswith("t-w0-g1-") else two_turns(task)
+    """`misbehaving` in the training run's second group (its tests' run id is "t": sample ids t-w0-g1-N),
+    `function_calling` in its third, `two_turns` in the others and in evaluation (asyncrl-episode-...)."""
+    if task["episode_id"].startswith("t-w0-g1-"):
+        return misbehaving(task)
+    return function_calling(task) if task["episode_id"].startswith("t-w0-g2-") else two_turns(task)

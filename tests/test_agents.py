@@ -29,14 +29,14 @@ from asyncrl.core.episode import EpisodeLimits
 from asyncrl.core.config import ConfigError, load_config
 from asyncrl.core.chat import observation_ids
 from asyncrl.core.store import read_trajectories
-from asyncrl.core.chat import encode_prompt
+from asyncrl.core.chat import AgentCodec, encode_prompt
 from asyncrl.core.prompts import Prompt
-from tests.agents_fixture import QUESTION, STOP
+from tests.agents_fixture import CLOCK, QUESTION, STOP
 from tests.test_episodes import SteppedEpisodes
 from tests.test_weight_update import ray_session  # noqa: F401 - a fixture
 
 AGENT = ("task.chat=true", "rollout.group_size=2", "rollout.max_new_tokens=8", "env.max_episode_tokens=48",
-         "model.max_model_len=256", "run.eval=false")
+         "model.max_model_len=320", "run.eval=false")
 
 
 def test_requests_are_parsed_and_bad_ones_refused_with_the_reason():
@@ -238,9 +238,10 @@ def test_agent_config_is_checked_at_load():
 
 @pytest.fixture(scope="module")
 def played(smollm2_dir, ray_session, tmp_path_factory):  # noqa: F811
-    """Two groups of two episodes: tests.agents_fixture.two_turns in the first, misbehaving in the second."""
+    """Three groups of two episodes: tests.agents_fixture.two_turns in the first, misbehaving in the second,
+    function_calling in the third."""
     tmp = tmp_path_factory.mktemp("agents")
-    rows, seen, evals = play(smollm2_dir, tmp / "store", tmp, "tests.agents_fixture.by_group", groups=2)
+    rows, seen, evals = play(smollm2_dir, tmp / "store", tmp, "tests.agents_fixture.by_group", groups=3)
     return rows, seen, tmp, evals
 
 
@@ -264,7 +265,7 @@ def play(smollm2_dir, store, log, agent: str, groups: int):
 def test_an_agents_episode_is_recorded_token_in_token_out(played, smollm2_dir):
     rows, seen, tmp_path, _ = played
     tok = AutoTokenizer.from_pretrained(smollm2_dir)
-    assert len(rows) == 4 and len({r["sample_id"] for r in rows}) == 4
+    assert len(rows) == 6 and len({r["sample_id"] for r in rows}) == 6
     rows = [r for r in rows if "-g0-" in r["sample_id"]]
     assert len(rows) == 2
     stopped = 0
@@ -317,3 +318,29 @@ def test_the_evaluation_plays_agents_greedily_through_the_endpoint(played):
     assert len(evals) == 2 and all(e["finish_reason"] == "stop" and e["episode_end"] == "the agent returned" for e in evals)
     assert [[t["role"] for t in e["turns"]] for e in evals] == [["model", "observation", "model"]] * 2
     assert evals[0]["response_ids"] == evals[1]["response_ids"] and evals[0]["reward"] in (0.0, 1.0)  # greedy: the same prompt, the same episode
+
+
+@pytest.mark.slow
+def test_a_function_calling_agent_with_only_its_base_url_is_recorded_token_in_token_out(played, smollm2_dir):
+    rows, seen, tmp_path, _ = played
+    tok = AutoTokenizer.from_pretrained(smollm2_dir)
+    codec = AgentCodec(tok)
+    rows = [r for r in rows if "-g2-" in r["sample_id"]]
+    assert len(rows) == 2
+    for r in rows:
+        assert r["status"] == "unconsumed_at_end" and r["episode_end"] == "the agent returned", r["status_reason"]
+        log = json.loads((tmp_path / f"{r['sample_id']}.json").read_text())
+        assert r["prompt_ids"] == codec.prompt_ids([{"role": "user", "content": r["prompt_text"]}], [CLOCK])  # the tools rendered
+        assert "<tools>" in tok.decode(r["prompt_ids"]) and '"name": "clock"' in tok.decode(r["prompt_ids"])
+        turns, ids = r["turns"], r["response_ids"]
+        assert [t["role"] for t in turns] == ["model", "observation", "model"]
+        for t, (sampled, _, _), reply in zip([turns[0], turns[2]], seen[r["sample_id"]], log["replies"]):
+            assert ids[t["start"]:t["end"]] == sampled == reply["asyncrl"]["token_ids"]  # stored = sampled = answered
+            text, parsed = codec.parse(tok.decode(sampled, skip_special_tokens=True), [CLOCK])
+            message = reply["choices"][0]["message"]
+            assert [c["function"]["name"] for c in message["tool_calls"] or []] == [c["function"]["name"] for c in parsed]
+            assert (message["content"] or "") == (text or "") and reply["choices"][0]["finish_reason"] in ("stop", "length", "tool_calls")
+        obs = turns[1]
+        closed = ids[obs["start"] - 1] == tok.eos_token_id
+        assert ids[obs["start"]:obs["end"]] == codec.delta_ids(normalise_messages(log["added"]), after_eos=closed)
+        assert r["loss_mask"][obs["start"]:obs["end"]] == [0] * (obs["end"] - obs["start"])
