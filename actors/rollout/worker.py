@@ -36,7 +36,8 @@ from asyncrl.actors.rollout.pool_scoring import PoolScoring
 from asyncrl.actors.rollout.scoring import EnvironmentScoring, FailureStreak, InLoopScoring
 from asyncrl.actors.rollout.state import Update
 from asyncrl.actors.rollout.updates import POLICIES
-from asyncrl.core.agents import AgentEnvironment, AgentHost
+from asyncrl.core.agent_host import AgentHost
+from asyncrl.core.agents import AgentEnvironment
 from asyncrl.core.config import Config
 from asyncrl.core.envs import make_environment
 from asyncrl.core.evaluation import EvalScores
