@@ -82,3 +82,10 @@ def by_group(task: dict) -> float:
     if task["episode_id"].startswith("t-w0-g1-"):
         return misbehaving(task)
     return function_calling(task) if task["episode_id"].startswith("t-w0-g2-") else two_turns(task)
+
+
+def slow_function_calling(task: dict) -> float:
+    """examples/my_agents/function_calling_agent.py with a calculator that takes 50-200 ms a call (bench/agentic.py)."""
+    from examples.my_agents.function_calling_agent import agent
+
+    return agent(task, tool_latency_s=(0.05, 0.2))

@@ -13,7 +13,9 @@ then the question; the reward is 1.0 when the final answer is the expression's v
 from __future__ import annotations
 
 import json
+import random
 import re
+import time
 
 import openai
 
@@ -46,8 +48,9 @@ def worked_example(expression: str, call_id: str) -> list[dict]:
             {"role": "assistant", "content": f"Answer: {calculator(expression)}"}]
 
 
-def agent(task: dict) -> float:
-    """task: {"prompt", "answer", "base_url", ...} (asyncrl.core.agents); only the base URL is used to reach the model."""
+def agent(task: dict, tool_latency_s: tuple[float, float] = (0.0, 0.0)) -> float:
+    """task: {"prompt", "answer", "base_url", ...} (asyncrl.core.agents); only the base URL is used to reach the model.
+    `tool_latency_s`: each calculator call also waits this long (uniform in the range), as a real tool would."""
     client = openai.OpenAI(base_url=task["base_url"], api_key="none", max_retries=0)
     messages = [m for i, example in enumerate(EXAMPLES) for m in worked_example(example, f"call_{i}")]
     messages.append({"role": "user", "content": QUESTION.format(expression=EXPRESSION.search(task["prompt"]).group(1))})
@@ -59,5 +62,6 @@ def agent(task: dict) -> float:
             return float(called and final_number(message.content or "") == task["answer"])
         for call in message.tool_calls:
             called = True
+            time.sleep(random.uniform(*tool_latency_s))
             messages.append({"role": "tool", "tool_call_id": call.id, "content": run_calculator(call.function.arguments)})
     return 0.0
