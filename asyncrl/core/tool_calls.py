@@ -87,7 +87,7 @@ def check_tool_choice(choice: Any, tools: list[dict] | None) -> str:
         return choice
     if choice == "required" or isinstance(choice, dict):
         raise ValueError(f"tool_choice={json.dumps(choice)} is not supported: a forced call would change the "
-                                    "distribution the policy is trained on; use \"auto\" (or \"none\")")
+                         "distribution the policy is trained on; use \"auto\" (or \"none\")")
     raise ValueError(f"tool_choice must be \"auto\" or \"none\", got {choice!r}")
 
 
@@ -101,7 +101,7 @@ def canonical_tool_calls(calls: Any, where: str) -> list[dict]:
         if (not isinstance(function, dict) or not isinstance(call.get("id"), str) or not isinstance(function.get("name"), str)
                 or not isinstance(function.get("arguments"), str)):
             raise ValueError(f'{where}.tool_calls[{j}] must be {{"id": str, "type": "function", '
-                                        '"function": {"name": str, "arguments": str}}')
+                             '"function": {"name": str, "arguments": str}}')
         out.append({"id": call["id"], "type": "function", "function": {"name": function["name"], "arguments": function["arguments"]}})
     return out
 
