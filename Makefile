@@ -8,7 +8,7 @@ SGLANG_STAMP := $(SGLANG)/.asyncrl-installed
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup sglang run run-smollm2 run-calculator run-guess-number run-agent smoke docs test test-all test-fast model bench bench-smollm2 bench-smollm2-accuracy bench-engines bench-tables clean
+.PHONY: setup sglang run run-smollm2 run-calculator run-guess-number run-agent run-function-calling smoke docs test test-all test-fast model bench bench-smollm2 bench-smollm2-accuracy bench-engines bench-tables clean
 
 setup: $(STAMP) $(SGLANG_STAMP)
 
@@ -49,8 +49,8 @@ run-smollm2: $(STAMP) $(SGLANG_STAMP)
 	$(PY) -m asyncrl.run --config configs/smollm2_word_problems.yaml $(ARGS)
 	$(PY) -m asyncrl.plot $(or $(patsubst run.output_dir=%,%,$(filter run.output_dir=%,$(ARGS))),runs/smollm2_word_problems)
 
-# the agent recipes (docs/recipes.md): SmolLM2 learns to call a calculator, to play guess-the-number; run-agent trains a black-box agent program through the endpoint (unstable: docs/recipes.md)
-run-calculator run-guess-number run-agent: run-%: $(STAMP) $(SGLANG_STAMP)
+# the agent recipes (docs/recipes.md): SmolLM2 learns to call a calculator, to play guess-the-number; run-agent trains a black-box agent program through the endpoint (unstable: docs/recipes.md); run-function-calling an agent written with OpenAI function calling
+run-calculator run-guess-number run-agent run-function-calling: run-%: $(STAMP) $(SGLANG_STAMP)
 	$(PY) -m asyncrl.run --config configs/smollm2_$(subst -,_,$*).yaml $(ARGS)
 	$(PY) -m asyncrl.plot $(or $(patsubst run.output_dir=%,%,$(filter run.output_dir=%,$(ARGS))),runs/smollm2_$(subst -,_,$*))
 
