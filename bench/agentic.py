@@ -22,17 +22,15 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 from collections import Counter
 from pathlib import Path
 
-from results_io import check_plausible, lengths_text, provenance, publish  # bench/ is on sys.path when a benchmark runs as a script
+from results_io import QUIET, check_plausible, lengths_text, provenance, publish, run_asyncrl  # bench/ is on sys.path when a benchmark runs as a script
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-QUIET = ("run.eval=false", "logging.wandb=false", "logging.console=false", "run.checkpoint_every=0", "run.max_train_minutes=0")
 
 
 def colocated_sync(cfg) -> list[str]:
@@ -45,10 +43,7 @@ def colocated_sync(cfg) -> list[str]:
 
 def run_mode(config: Path, out: Path, steps: int, overrides: list[str]) -> tuple[list[dict], dict]:
     """One run of `config` for `steps` steps: its per-step metrics and its summary."""
-    cmd = [sys.executable, "-m", "asyncrl.run", "--config", str(config), f"run.output_dir={out}", f"run.steps={steps}", *QUIET, *overrides]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=7200)
-    if proc.returncode != 0:
-        raise RuntimeError(f"run failed ({config.name} {' '.join(overrides)}):\n{proc.stderr[-3000:]}")
+    run_asyncrl(config, [f"run.output_dir={out}", f"run.steps={steps}", *QUIET, *overrides])
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     return rows, json.loads((out / "summary.json").read_text())
 

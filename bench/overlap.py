@@ -27,12 +27,11 @@ import argparse
 import json
 import math
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from results_io import lengths_text, provenance, publish  # bench/ is on sys.path when a benchmark runs as a script
+from results_io import QUIET, lengths_text, provenance, publish, run_asyncrl  # bench/ is on sys.path when a benchmark runs as a script
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -43,12 +42,7 @@ def run_job(config: Path, out: Path, samples: int, seed: int) -> dict:
     from asyncrl.core.config import load_config
 
     steps = 1 + math.ceil(samples / load_config(config).learner.batch_size)
-    overrides = [f"run.output_dir={out}", f"run.steps={steps}", f"run.seed={seed}", "run.max_train_minutes=0", "run.eval=false",
-                 "logging.wandb=false", "logging.console=false", "run.checkpoint_every=0"]
-    proc = subprocess.run([sys.executable, "-m", "asyncrl.run", "--config", str(config), *overrides],
-                          cwd=ROOT, capture_output=True, text=True, timeout=7200)
-    if proc.returncode != 0:
-        raise RuntimeError(f"run failed ({config.name} {' '.join(overrides)}):\n{proc.stderr[-3000:]}")
+    run_asyncrl(config, [f"run.output_dir={out}", f"run.steps={steps}", f"run.seed={seed}", *QUIET])
     return measure(out)
 
 

@@ -73,6 +73,18 @@ def provenance(argv: list[str]) -> dict:
     }
 
 
+QUIET = ("run.eval=false", "logging.wandb=false", "logging.console=false", "run.checkpoint_every=0", "run.max_train_minutes=0")
+"""Overrides of a benchmark's asyncrl run: no evaluation, logging or checkpoints, no time limit (steps end it)."""
+
+
+def run_asyncrl(config: Path, overrides: list[str]) -> None:
+    """Run `python -m asyncrl.run --config config *overrides` in the repo; a RuntimeError with its stderr's tail if it fails."""
+    proc = subprocess.run([sys.executable, "-m", "asyncrl.run", "--config", str(config), *overrides],
+                          cwd=ROOT, capture_output=True, text=True, timeout=7200)
+    if proc.returncode != 0:
+        raise RuntimeError(f"run failed ({Path(config).name} {' '.join(overrides)}):\n{proc.stderr[-3000:]}")
+
+
 def check_plausible(name: str, value: float, bound: float, what: str) -> None:
     """Fail the benchmark (non-zero exit, nothing published) on a figure that cannot be: `value` above `bound`."""
     if value > bound:
