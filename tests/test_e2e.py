@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from asyncrl.core.store import read_trajectories
+from asyncrl.core.util import pids_named
 
 ROOT = Path(__file__).resolve().parents[1]
 STEP_KEYS = (
@@ -64,13 +65,11 @@ def validated_run(tiny_model_dir, tmp_path_factory, request) -> Path:
 def run_pids(tag: Path | str, prefixes: tuple[str, ...]) -> dict[int, str]:
     """{pid: command line} of the live processes of the run started with tagged(tag) whose command line starts with
     one of `prefixes`."""
-    found, mark = {}, f"{RUN_TAG}={tag}".encode()
-    for proc in Path("/proc").iterdir():
+    found = {}
+    for pid in pids_named(prefixes, environ=f"{RUN_TAG}={tag}"):
         try:
-            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-            if cmd.startswith(prefixes) and mark in (proc / "environ").read_bytes().split(b"\0"):
-                found[int(proc.name)] = cmd
-        except (OSError, ValueError):
+            found[pid] = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:  # ended meanwhile
             continue
     return found
 

@@ -24,16 +24,23 @@ def cpu_has_native_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
     return bool({"avx512_bf16", "amx_bf16"} & set(flags))
 
 
-def pids_named(prefix: str) -> list[int]:
-    """Pids of this machine's processes whose command line starts with `prefix` (Ray names actors `ray::<Class>`)."""
+def pids_named(prefix: str | tuple[str, ...], environ: str | None = None) -> list[int]:
+    """Pids of this machine's processes whose command line starts with `prefix` (or one of them; Ray names actors
+    `ray::<Class>`) and, when `environ` ("NAME=value") is given, whose environment holds it."""
+    prefixes = tuple(p.encode() for p in ((prefix,) if isinstance(prefix, str) else prefix))
     pids = []
     for proc in os.scandir("/proc"):
         if not proc.name.isdigit():
             continue
         try:
             with open(f"/proc/{proc.name}/cmdline", "rb") as f:
-                if f.read().startswith(prefix.encode()):
-                    pids.append(int(proc.name))
+                if not f.read().startswith(prefixes):
+                    continue
+            if environ is not None:
+                with open(f"/proc/{proc.name}/environ", "rb") as f:
+                    if environ.encode() not in f.read().split(b"\0"):
+                        continue
+            pids.append(int(proc.name))
         except OSError:
             continue
     return pids
