@@ -10,6 +10,7 @@ standing for the worker's loop) are tested without an engine.
 """
 from __future__ import annotations
 
+from http.client import HTTPConnection
 import json
 import threading
 import time
@@ -22,7 +23,7 @@ from transformers import AutoTokenizer
 
 from asyncrl.actors.buffer import ReplayBuffer
 from asyncrl.actors.engines import engine_runtime_env
-from asyncrl.core.agent_endpoint import Endpoint
+from asyncrl.core.agent_endpoint import Endpoint, keep_alive_s
 from asyncrl.core.agents import AWAIT, AgentEnd, AgentRun
 from asyncrl.core.chat_api import ChatRequest, ChatRequestError, divergence, normalise_messages, parse_request
 from asyncrl.core.episode import EpisodeLimits
@@ -134,6 +135,30 @@ def test_the_endpoint_routes_checks_queues_and_answers_requests():
             t.join(30)
         assert replies == [(200, {"episode": "e1", "said": str(i), "max_tokens": None}) for i in range(16)]
     finally:
+        stop.set()
+        endpoint.close()
+
+
+def test_an_agent_that_thinks_between_requests_finds_its_connection_open():
+    """An agent that waited about 5 s between two requests (a tool call) used to send the second on a connection
+    the server was closing (uvicorn's keep-alive, 5 s, against the openai client's own 5 s expiry): APIConnectionError.
+    The server now keeps an idle connection open longer than an agent may take; here one connection is reused
+    after 5.5 s of silence, which failed with the old setting."""
+    assert keep_alive_s(0.3) > 5 and keep_alive_s(300.0) > 300.0
+    endpoint, stop = Endpoint(0, lambda episode_id: True, wait_s=1.0), threading.Event()
+    answering(endpoint, stop)
+    connection = HTTPConnection("127.0.0.1", int(endpoint.base_url.rsplit(":", 1)[1].split("/")[0]), timeout=30)
+    try:
+        replies = []
+        for said in ("first", "second"):
+            connection.request("POST", "/episodes/e/v1/chat/completions", json.dumps(ask(None, said)), {"Content-Type": "application/json"})
+            reply = connection.getresponse()
+            replies.append((reply.status, json.loads(reply.read())["said"]))
+            if said == "first":
+                time.sleep(5.5)
+        assert replies == [(200, "first"), (200, "second")]
+    finally:
+        connection.close()
         stop.set()
         endpoint.close()
 

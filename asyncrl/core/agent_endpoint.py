@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import socket
 import threading
 import time
@@ -32,6 +33,8 @@ START_S = 30.0
 """How long the server may take to start serving."""
 GRACE_S = 1
 """How long `close` lets open connections finish (their waiting requests are answered 503 first)."""
+KEEP_ALIVE_MARGIN_S = 5
+"""An idle connection is kept open this much longer than an agent may take (`wait_s`)."""
 
 
 class Endpoint:
@@ -44,7 +47,7 @@ class Endpoint:
         self.lock = threading.Lock()
         self.sock = _listen(port)  # bound here: a port in use raises OSError in the caller
         config = uvicorn.Config(self._app(), log_config=None, log_level="warning", access_log=False, lifespan="off",
-                                loop="asyncio", timeout_graceful_shutdown=GRACE_S)
+                                loop="asyncio", timeout_graceful_shutdown=GRACE_S, timeout_keep_alive=keep_alive_s(wait_s))
         self.server = uvicorn.Server(config)  # not in the main thread: uvicorn installs no signal handlers
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, name="asyncrl-endpoint", daemon=True)
         self.thread.start()
@@ -128,6 +131,15 @@ class Endpoint:
             request.fail(503, "the endpoint closed")
         self.server.should_exit = True
         self.thread.join(GRACE_S + 5)
+
+
+def keep_alive_s(wait_s: float) -> int:
+    """How long the server keeps an idle connection open: longer than an agent may think between two requests
+    (`wait_s`, env.agent_timeout_s), so that the server never closes a connection its agent is about to reuse.
+    uvicorn's default, 5 s, equals the openai client's own keep-alive expiry (httpx's 5 s): an agent that waited
+    about 5 s (a tool call, a slow machine) sent its next request on a connection the server was closing, and got
+    `APIConnectionError`. The client still closes its idle connections after its own expiry."""
+    return math.ceil(wait_s) + KEEP_ALIVE_MARGIN_S
 
 
 def _listen(port: int) -> socket.socket:
