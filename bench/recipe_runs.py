@@ -1,0 +1,97 @@
+"""Does a recipe learn every time? Several runs of one config, one seed each, reported run by run.
+
+    .venv/bin/python bench/recipe_runs.py --config configs/smollm2_agent.yaml --seeds 0 1 2
+    .venv/bin/python bench/recipe_runs.py --config configs/smollm2_function_calling.yaml --seeds 0 1 2 --set run.steps=30
+
+Each run is `python -m asyncrl.run --config CONFIG run.seed=S run.output_dir=KEEP/seedS *SETS` with the config's own
+held-out evaluation (greedy, before and after training); a run learned when its held-out accuracy gained at least
+`--gain` (absolute). The record (bench/results/recipe_runs_<config>.json) keeps each run's command, summary and
+per-step reward, entropy, turns and KL; `--reuse` makes it from run directories kept by an earlier invocation.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shlex
+import sys
+from pathlib import Path
+
+from results_io import ROOT, check_plausible, provenance, publish, run_asyncrl
+
+STEP_KEYS = ("reward/mean", "learner/entropy", "episodes/turns_mean", "kl/ref", "samples/response_len_mean", "staleness/mean")
+SUMMARY_KEYS = ("steps", "stopped_by", "wall_s", "eval/accuracy_before", "eval/accuracy_after", "eval/problems", "eval/gained", "eval/lost")
+
+
+# ----------------------------------------------------------------------------- pure logic (tested)
+def run_record(summary: dict, metrics: list[dict], seed: int, command: str) -> dict:
+    """One run's entry: its command, the summary's figures, its samples' statuses and the per-step metrics."""
+    before, after = summary.get("eval/accuracy_before"), summary.get("eval/accuracy_after")
+    if not all(isinstance(v, (int, float)) and 0.0 <= v <= 1.0 for v in (before, after)):
+        raise ValueError(f"seed {seed}: the run has no held-out accuracy before and after (got {before!r} -> {after!r}); "
+                         "a recipe run needs run.eval=true")
+    steps = [{"step": m["step"], **{k: m[k] for k in STEP_KEYS if isinstance(m.get(k), (int, float)) and not math.isnan(m[k])}}
+             for m in metrics if "step" in m]
+    return {"seed": seed, "command": command, **{k: summary.get(k) for k in SUMMARY_KEYS},
+            "samples": summary.get("samples", {}), "per_step": steps}
+
+
+def learned(run: dict, gain: float) -> bool:
+    return run["eval/accuracy_after"] - run["eval/accuracy_before"] >= gain - 1e-9
+
+
+def render(data: dict) -> str:
+    runs, gain = data["runs"], data["gain"]
+    n = sum(learned(r, gain) for r in runs)
+    lines = [f"`{data['config']}`, {len(runs)} runs, one seed each; a run learned when its held-out accuracy (greedy, "
+             f"{runs[0].get('eval/problems') or '?'} records) gained at least {gain:.2f}: **{n} of {len(runs)}**.", "",
+             "| seed | steps | training s | held-out before → after | gained / lost | samples dropped | lowest entropy (step) | last 5 steps' reward |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in runs:
+        per = r["per_step"]
+        ent = [(s["learner/entropy"], s["step"]) for s in per if "learner/entropy" in s]
+        low = f"{min(ent)[0]:.3f} ({min(ent)[1]})" if ent else "–"
+        tail = [s["reward/mean"] for s in per[-5:] if "reward/mean" in s]
+        tail_text = f"{sum(tail) / len(tail):.2f}" if tail else "–"
+        dropped = sum(v for k, v in r["samples"].items() if k.startswith("dropped") or k == "lost")
+        mark = "" if learned(r, gain) else " (did not learn)"
+        lines.append(f"| {r['seed']} | {r['steps']} | {r['wall_s']:.0f} | {r['eval/accuracy_before']:.2f} → {r['eval/accuracy_after']:.2f}{mark} | "
+                     f"{r.get('eval/gained', '–')} / {r.get('eval/lost', '–')} | {dropped} | {low} | "
+                     f"{tail_text} |")
+    lines += ["", "Commands (each from the repository root):", ""] + [f"- seed {r['seed']}: `{r['command']}`" for r in runs]
+    return "\n".join(lines) + "\n"
+
+
+# ----------------------------------------------------------------------------- measurement
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", required=True, help="the recipe's config")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="an override for every run")
+    parser.add_argument("--gain", type=float, default=0.3, help="the held-out gain that counts as learned")
+    parser.add_argument("--keep", type=Path, default=None, help="where the runs go (default bench/work/recipe_runs_<config>)")
+    parser.add_argument("--reuse", action="store_true", help="make the record from the runs in --keep, running nothing")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    args = parser.parse_args()
+    start = provenance(sys.argv[1:])
+    name = "recipe_runs_" + Path(args.config).stem
+    keep = args.keep or ROOT / "bench" / "work" / name
+    runs = []
+    for seed in args.seeds:
+        overrides = [*args.set, f"run.seed={seed}", f"run.output_dir={keep / f'seed{seed}'}", "logging.wandb=false"]
+        command = shlex.join(["python", "-m", "asyncrl.run", "--config", args.config, *overrides])
+        if not args.reuse:
+            if (keep / f"seed{seed}").exists():
+                parser.error(f"{keep / f'seed{seed}'} exists: a run there would resume it (move it away, or --reuse it)")
+            print(f"recipe_runs: {command}", flush=True)
+            run_asyncrl(Path(args.config), overrides)
+        run_dir = keep / f"seed{seed}"
+        summary = json.loads((run_dir / "summary.json").read_text())
+        metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+        runs.append(run_record(summary, metrics, seed, command))
+        check_plausible(name, runs[-1]["eval/accuracy_after"], 1.0, f"seed {seed}'s held-out accuracy")
+    publish(args.out, name, "recipe_runs", {"config": args.config, "gain": args.gain, "runs": runs}, sys.argv[1:], start)
+
+
+if __name__ == "__main__":
+    main()
