@@ -75,17 +75,17 @@ def main() -> None:
     args = parser.parse_args()
     start = provenance(sys.argv[1:])
     name = "recipe_runs_" + Path(args.config).stem
-    keep = args.keep or ROOT / "bench" / "work" / name
+    keep = args.keep or Path("bench") / "work" / name  # relative to the repository, where the runs go (run_asyncrl)
     runs = []
     for seed in args.seeds:
         overrides = [*args.set, f"run.seed={seed}", f"run.output_dir={keep / f'seed{seed}'}", "logging.wandb=false"]
         command = shlex.join(["python", "-m", "asyncrl.run", "--config", args.config, *overrides])
         if not args.reuse:
-            if (keep / f"seed{seed}").exists():
-                parser.error(f"{keep / f'seed{seed}'} exists: a run there would resume it (move it away, or --reuse it)")
+            if (ROOT / keep / f"seed{seed}").exists():
+                parser.error(f"{ROOT / keep / f'seed{seed}'} exists: a run there would resume it (move it away, or --reuse it)")
             print(f"recipe_runs: {command}", flush=True)
             run_asyncrl(Path(args.config), overrides)
-        run_dir = keep / f"seed{seed}"
+        run_dir = ROOT / keep / f"seed{seed}"  # keep as given when absolute
         summary = json.loads((run_dir / "summary.json").read_text())
         metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
         runs.append(run_record(summary, metrics, seed, command))
