@@ -12,7 +12,8 @@ goes on from the sides it had finished (kept in bench/work/; `vs_trl.py --resume
    (`--sync-config`) and TRL's GRPOTrainer with vLLM colocated, batching as its docs recommend (`--trl-config`,
    the synchronous baseline's generation of 64 and 4 updates).
 2. choose: each side's learning rate is the one with the highest dev accuracy at the last step; the threshold is
-   the highest dev accuracy every side reaches at its chosen rate, rounded down to 0.01. Recorded (a table of its
+   the highest dev accuracy every side reaches at its chosen rate, rounded down to 0.01, and must lie above the
+   untrained model's (else the step stops and says which side never passed it). Recorded (a table of its
    own) before any test run, which reads it.
 3. test: `SEEDS` runs of the three sides at their chosen rates, evaluated on the test problems (`task.eval_size`,
    never read by steps 1-2), time to the chosen threshold.
@@ -64,6 +65,11 @@ def choose(dev: dict[str, dict], sides: tuple[str, ...] = SIDES) -> dict:
     chosen = {s: min(dev, key=lambda lr: (-final_accuracy(dev[lr][s]), float(lr))) for s in sides}
     reached = {s: best_accuracy(dev[chosen[s]][s]) for s in sides}
     threshold = math.floor(min(reached.values()) * 100 + 1e-9) / 100
+    start = max(p["accuracy"] for lr in dev for s in sides for p in dev[lr][s]["points"] if p["step"] == 0)
+    if threshold <= start:  # every side is there before training: a time to it would be 0 for all
+        stuck = [s for s in sides if reached[s] <= start]
+        raise ValueError(f"no threshold above the untrained model's dev accuracy ({start:.3f}): {stuck} never passed it at "
+                         f"any rate (their best: {', '.join(f'{s} {reached[s]:.3f}' for s in stuck)}); more steps or other rates are needed")
     return {"lr": chosen, "threshold": threshold, "reached": reached,
             "final": {lr: {s: final_accuracy(dev[lr][s]) for s in sides} for lr in dev}}
 

@@ -40,6 +40,14 @@ def test_the_threshold_rounds_down_so_that_every_side_reached_it():
     assert ap.choose(dev)["threshold"] == 0.37
 
 
+def test_a_threshold_the_untrained_model_already_meets_is_refused():
+    # asyncrl never beat its step-0 accuracy at any rate: the threshold would be 0.30, met at step 0 by every side
+    dev = {"2.5e-4": dev_run((0.3, 0.29, 0.30), (0.3, 0.33, 0.35), (0.3, 0.4, 0.4)),
+           "5e-4": dev_run((0.3, 0.27, 0.28), (0.3, 0.36, 0.36), (0.3, 0.38, 0.41))}
+    with pytest.raises(ValueError, match=r"untrained model's dev accuracy \(0.300\): \['asyncrl'\] never passed it.*asyncrl 0.300"):
+        ap.choose(dev)
+
+
 def test_runs_on_test_problems_or_without_a_side_are_refused():
     with pytest.raises(ValueError, match="'test' problems, not dev"):
         ap.choose({"5e-4": {**DEV["5e-4"], "split": "test"}})
