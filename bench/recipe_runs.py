@@ -1,12 +1,13 @@
 """Does a recipe learn every time? Several runs of one config, one seed each, reported run by run.
 
     .venv/bin/python bench/recipe_runs.py --config configs/smollm2_agent.yaml --seeds 0 1 2
-    .venv/bin/python bench/recipe_runs.py --config configs/smollm2_function_calling.yaml --seeds 0 1 2 --set run.steps=30
+    .venv/bin/python bench/recipe_runs.py --config configs/smollm2_function_calling.yaml --resume   # goes on where it stopped
 
 Each run is `python -m asyncrl.run --config CONFIG run.seed=S run.output_dir=KEEP/seedS *SETS` with the config's own
 held-out evaluation (greedy, before and after training); a run learned when its held-out accuracy gained at least
 `--gain` (absolute). The record (bench/results/recipe_runs_<config>.json) keeps each run's command, summary and
-per-step reward, entropy, turns and KL; `--reuse` makes it from run directories kept by an earlier invocation.
+per-step reward, entropy, turns and KL. With `--resume` the runs an earlier invocation of the same job finished are
+taken (each finished run leaves `KEEP/seedS.json`) and the others run.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import json
 import math
 import shlex
 import sys
+import time
 from pathlib import Path
 
 from results_io import ROOT, check_plausible, provenance, publish, run_asyncrl
@@ -70,7 +72,8 @@ def main() -> None:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="an override for every run")
     parser.add_argument("--gain", type=float, default=0.3, help="the held-out gain that counts as learned")
     parser.add_argument("--keep", type=Path, default=None, help="where the runs go (default bench/work/recipe_runs_<config>)")
-    parser.add_argument("--reuse", action="store_true", help="make the record from the runs in --keep, running nothing")
+    parser.add_argument("--resume", action="store_true",
+                        help="take the runs this same job finished in --keep before; run the others (an unfinished one again, from its start)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = parser.parse_args()
     start = provenance(sys.argv[1:])
@@ -80,16 +83,23 @@ def main() -> None:
     for seed in args.seeds:
         overrides = [*args.set, f"run.seed={seed}", f"run.output_dir={keep / f'seed{seed}'}", "logging.wandb=false"]
         command = shlex.join(["python", "-m", "asyncrl.run", "--config", args.config, *overrides])
-        if not args.reuse:
-            if (ROOT / keep / f"seed{seed}").exists():
-                parser.error(f"{ROOT / keep / f'seed{seed}'} exists: a run there would resume it (move it away, or --reuse it)")
-            print(f"recipe_runs: {command}", flush=True)
-            run_asyncrl(Path(args.config), overrides)
-        run_dir = ROOT / keep / f"seed{seed}"  # keep as given when absolute
+        run_dir, done = ROOT / keep / f"seed{seed}", ROOT / keep / f"seed{seed}.json"  # ROOT / keep is keep when absolute
+        kept = json.loads(done.read_text()) if args.resume and done.is_file() else None
+        if kept is not None and kept["command"] == command:
+            print(f"recipe_runs: seed {seed}: finished by an earlier invocation ({run_dir})", flush=True)
+            runs.append(kept)
+            continue
+        if run_dir.exists():
+            if not args.resume:
+                parser.error(f"{run_dir} exists: a run there would resume from its checkpoint (move it away, or --resume)")
+            run_dir.rename(run_dir.with_name(f"{run_dir.name}.stopped-{int(time.time())}"))  # kept, out of the way
+        print(f"recipe_runs: {command}", flush=True)
+        run_asyncrl(Path(args.config), overrides)
         summary = json.loads((run_dir / "summary.json").read_text())
         metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
         runs.append(run_record(summary, metrics, seed, command))
         check_plausible(name, runs[-1]["eval/accuracy_after"], 1.0, f"seed {seed}'s held-out accuracy")
+        done.write_text(json.dumps(runs[-1], indent=1) + "\n")
     publish(args.out, name, "recipe_runs", {"config": args.config, "gain": args.gain, "runs": runs}, sys.argv[1:], start)
 
 
