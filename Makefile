@@ -49,7 +49,7 @@ run-smollm2: $(STAMP) $(SGLANG_STAMP)
 	$(PY) -m asyncrl.run --config configs/smollm2_word_problems.yaml $(ARGS)
 	$(PY) -m asyncrl.plot $(or $(patsubst run.output_dir=%,%,$(filter run.output_dir=%,$(ARGS))),runs/smollm2_word_problems)
 
-# the agent recipes (docs/recipes.md): SmolLM2 learns to call a calculator, to play guess-the-number; run-agent trains a black-box agent program through the endpoint (unstable: docs/recipes.md); run-function-calling an agent written with OpenAI function calling
+# the agent recipes (docs/recipes.md): SmolLM2 learns to call a calculator, to play guess-the-number; run-agent trains a black-box agent program through the endpoint; run-function-calling an agent written with OpenAI function calling
 run-calculator run-guess-number run-agent run-function-calling: run-%: $(STAMP) $(SGLANG_STAMP)
 	$(PY) -m asyncrl.run --config configs/smollm2_$(subst -,_,$*).yaml $(ARGS)
 	$(PY) -m asyncrl.plot $(or $(patsubst run.output_dir=%,%,$(filter run.output_dir=%,$(ARGS))),runs/smollm2_$(subst -,_,$*))

@@ -47,7 +47,7 @@ def render(data: dict) -> str:
     n = sum(learned(r, gain) for r in runs)
     lines = [f"`{data['config']}`, {len(runs)} runs, one seed each; a run learned when its held-out accuracy (greedy, "
              f"{runs[0].get('eval/problems') or '?'} records) gained at least {gain:.2f}: **{n} of {len(runs)}**.", "",
-             "| seed | steps | training s | held-out before → after | gained / lost | samples dropped | lowest entropy (step) | last 5 steps' reward |",
+             "| seed | steps | seconds (training and both evaluations) | held-out before → after | gained / lost | samples dropped | lowest entropy (step) | last 5 steps' reward |",
              "|---|---|---|---|---|---|---|---|"]
     for r in runs:
         per = r["per_step"]
