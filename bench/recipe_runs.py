@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from results_io import ROOT, check_plausible, provenance, publish, run_asyncrl
+from results_io import ROOT, provenance, publish, run_asyncrl
 
 STEP_KEYS = ("reward/mean", "learner/entropy", "episodes/turns_mean", "kl/ref", "samples/response_len_mean", "staleness/mean")
 SUMMARY_KEYS = ("steps", "stopped_by", "wall_s", "eval/accuracy_before", "eval/accuracy_after", "eval/problems", "eval/gained", "eval/lost")
@@ -27,7 +27,8 @@ SUMMARY_KEYS = ("steps", "stopped_by", "wall_s", "eval/accuracy_before", "eval/a
 
 # ----------------------------------------------------------------------------- pure logic (tested)
 def run_record(summary: dict, metrics: list[dict], seed: int, command: str) -> dict:
-    """One run's entry: its command, the summary's figures, its samples' statuses and the per-step metrics."""
+    """One run's entry: its command, the summary's figures, its samples' statuses and the per-step metrics. A held-out
+    accuracy that is missing or outside [0, 1] raises: the benchmark stops before it publishes."""
     before, after = summary.get("eval/accuracy_before"), summary.get("eval/accuracy_after")
     if not all(isinstance(v, (int, float)) and 0.0 <= v <= 1.0 for v in (before, after)):
         raise ValueError(f"seed {seed}: the run has no held-out accuracy before and after (got {before!r} -> {after!r}); "
@@ -98,7 +99,6 @@ def main() -> None:
         summary = json.loads((run_dir / "summary.json").read_text())
         metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
         runs.append(run_record(summary, metrics, seed, command))
-        check_plausible(name, runs[-1]["eval/accuracy_after"], 1.0, f"seed {seed}'s held-out accuracy")
         done.write_text(json.dumps(runs[-1], indent=1) + "\n")
     publish(args.out, name, "recipe_runs", {"config": args.config, "gain": args.gain, "runs": runs}, sys.argv[1:], start)
 
