@@ -212,6 +212,13 @@ class VLLMEngine:
         self._loaded(keep_kv)
         return received
 
+    def fingerprint(self) -> dict | None:
+        """Fingerprints of the weights served now (asyncrl.core.fingerprint), by checkpoint name; None with tensor
+        parallelism (each worker holds a shard; not implemented)."""
+        if self.tensor_parallel_size > 1:
+            return None
+        return self.llm.collective_rpc("asyncrl_fingerprint")[0]
+
     def load_weights(self, weights: list[tuple[str, object]], keep_kv: bool = False) -> None:
         """Load checkpoint-named tensors given in this process (offline evaluation, benchmarks); `keep_kv` as in
         `receive_weights`."""

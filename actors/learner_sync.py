@@ -11,6 +11,7 @@ from collections.abc import Iterator
 import torch
 
 from asyncrl.core import learner_group as lg
+from asyncrl.core.fingerprint import fingerprint
 from asyncrl.core import lora as lora_lib
 from asyncrl.core.config import LearnerConfig
 from asyncrl.core.messages import SentWeights
@@ -78,13 +79,29 @@ class WeightSync:
         handles). Every rank of the group calls it: the gathers are collectives."""
         t0 = time.monotonic()
         buckets = self._gathered_buckets()
+        fingerprints: dict | None = None
+        spent = [0.0]
         if rank == 0:
+            if self.lcfg.verify_weights:
+                fingerprints = {}
+                buckets = self._fingerprinted(buckets, fingerprints, spent)
             sent, payload = self.sender.send(buckets)
         else:
             sent, payload = 0, None
             for _ in buckets:
                 pass
-        return SentWeights(bytes=sent, seconds=time.monotonic() - t0, payload=payload)
+        return SentWeights(bytes=sent, seconds=time.monotonic() - t0, payload=payload, fingerprint=fingerprints, fingerprint_s=spent[0])
+
+    def _fingerprinted(self, flats: Iterator[torch.Tensor], into: dict, spent: list[float]) -> Iterator[torch.Tensor]:
+        """`flats` as they come, each tensor's fingerprint (asyncrl.core.fingerprint) taken from the bytes sent into
+        `into`, while its bucket's broadcast is under way (the sender posts a bucket before it asks for the next);
+        `spent[0]` adds up the seconds."""
+        for flat, bucket in zip(flats, self.buckets):
+            yield flat
+            t0 = time.monotonic()
+            for name, view in unpack(flat, self.sync_meta, bucket):
+                into[name] = fingerprint(view)
+            spent[0] += time.monotonic() - t0
 
     def weights_loaded(self) -> None:
         """Every engine has loaded the version sent last: what was kept for it may go."""

@@ -272,6 +272,11 @@ class SGLangEngine:
             self.weight_updates.receive(payload)
         return sum(m.nbytes for m in self.weight_updates.meta)
 
+    def fingerprint(self) -> None:
+        """Fingerprints of the served weights are vLLM's only so far: a sync to SGLang is not verified (the learner
+        logs it as unverified)."""
+        return None
+
     def load_weights(self, weights: list[tuple[str, "torch.Tensor"]]) -> None:  # noqa: F821
         """Load checkpoint-named tensors given in this process (offline evaluation, benchmarks)."""
         with self.weight_updates.session(self.paused()):

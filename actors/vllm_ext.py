@@ -20,6 +20,7 @@ from collections.abc import Iterable
 
 import torch
 
+from asyncrl.core.fingerprint import fingerprint, locate, probe_vector
 from asyncrl.core.weights import TensorMeta, make_receiver, plan_buckets
 
 
@@ -36,6 +37,33 @@ def load_units(module_names: set[str], weight_names: Iterable[str]) -> list[str]
     if "" in units:
         return [""]
     return sorted(u for u in units if not any(u.startswith(f"{v}.") for v in units if v != u))
+
+
+def served_fingerprints(model, meta: list[TensorMeta], dtype: torch.dtype, device) -> dict[str, torch.Tensor]:
+    """The fingerprint (asyncrl.core.fingerprint) of every checkpoint tensor of `meta` as `model` serves it now. A
+    linear layer's weight is probed through the layer's own kernel (`quant_method.apply` on the probe vector, no bias:
+    the CPU backend keeps its weights repacked, out of reach), split at the fused parts' rows; any other tensor
+    (norms, biases, an embedding's rows) is read. A tensor no module serves is left out (a mismatch)."""
+    modules = dict(model.named_modules())
+    packed = dict(getattr(model, "packed_modules_mapping", None) or {})
+    probed: dict[str, torch.Tensor] = {}
+    out: dict[str, torch.Tensor] = {}
+    with torch.no_grad():
+        for m in meta:
+            try:
+                path, leaf, offset, rows = locate(modules, packed, m.name)
+            except KeyError:
+                continue
+            module, rows = modules[path], rows if rows is not None else m.shape[0]
+            apply = getattr(getattr(module, "quant_method", None), "apply", None)
+            if leaf == "weight" and len(m.shape) == 2 and apply is not None:
+                if path not in probed:
+                    x = probe_vector(m.shape[1], dtype, device).reshape(1, -1)
+                    probed[path] = apply(module, x).reshape(-1).float().cpu()
+                out[m.name] = probed[path][offset : offset + rows].clone()
+            else:
+                out[m.name] = fingerprint(getattr(module, leaf)[offset : offset + rows])
+    return out
 
 
 def reload_units(model_runner, weights: list[tuple[str, torch.Tensor]], units: list[str]) -> None:
@@ -78,6 +106,11 @@ class WeightSyncExtension:
         one reload; returns bytes."""
         reload_units(self.model_runner, self._asyncrl_receiver.receive(payload), self._asyncrl_units)  # type: ignore[attr-defined]
         return self._asyncrl_receiver.nbytes
+
+    def asyncrl_fingerprint(self) -> dict[str, torch.Tensor]:
+        """The fingerprints of the weights this worker serves, for every tensor a sync sends (`served_fingerprints`)."""
+        runner = self.model_runner  # type: ignore[attr-defined]
+        return served_fingerprints(runner.get_model(), self._asyncrl_meta, runner.vllm_config.model_config.dtype, self.device)  # type: ignore[attr-defined]
 
     def asyncrl_load_weights(self, weights: list[tuple[str, torch.Tensor]], scoped: bool = True) -> None:
         """Load checkpoint-named tensors given in-process (offline evaluation, bench/weight_load.py): `reload_units`

@@ -6,8 +6,10 @@
 Each run is `python -m asyncrl.run --config CONFIG run.seed=S run.output_dir=KEEP/seedS *SETS` with the config's own
 held-out evaluation (greedy, before and after training); a run learned when its held-out accuracy gained at least
 `--gain` (absolute). The record (bench/results/recipe_runs_<config>.json) keeps each run's command, summary and
-per-step reward, entropy, turns and KL. With `--resume` the runs an earlier invocation of the same job finished are
-taken (each finished run leaves `KEEP/seedS.json`) and the others run.
+per-step reward, entropy, turns and KL, and when and at which commit it ran. With `--resume` the runs an earlier
+invocation of the same job finished are taken (each finished run leaves `KEEP/seedS.json`, and the same record in
+bench/results/recipe_runs_<config>.seeds/, to commit: runs too long for one sitting are done a few at a time) and
+the others run.
 """
 from __future__ import annotations
 
@@ -61,7 +63,9 @@ def render(data: dict) -> str:
         lines.append(f"| {r['seed']} | {r['steps']} | {r['wall_s']:.0f} | {r['eval/accuracy_before']:.2f} → {r['eval/accuracy_after']:.2f}{mark} | "
                      f"{r.get('eval/gained', '–')} / {r.get('eval/lost', '–')} | {dropped} | {low} | "
                      f"{tail_text} |")
-    lines += ["", "Commands (each from the repository root):", ""] + [f"- seed {r['seed']}: `{r['command']}`" for r in runs]
+    lines += ["", "Commands (each from the repository root):", ""] + [
+        f"- seed {r['seed']}: `{r['command']}`" + (f" ({r['date'][:10]}, commit {r['commit']}{', uncommitted changes' if r.get('dirty') else ''})" if r.get("date") else "")
+        for r in runs]
     return "\n".join(lines) + "\n"
 
 
@@ -85,9 +89,10 @@ def main() -> None:
         overrides = [*args.set, f"run.seed={seed}", f"run.output_dir={keep / f'seed{seed}'}", "logging.wandb=false"]
         command = shlex.join(["python", "-m", "asyncrl.run", "--config", args.config, *overrides])
         run_dir, done = ROOT / keep / f"seed{seed}", ROOT / keep / f"seed{seed}.json"  # ROOT / keep is keep when absolute
-        kept = json.loads(done.read_text()) if args.resume and done.is_file() else None
+        committed = args.out / f"{name}.seeds" / f"seed{seed}.json"  # the same record, to commit: a session's bench/work goes with it
+        kept = next((json.loads(f.read_text()) for f in (done, committed) if args.resume and f.is_file()), None)
         if kept is not None and kept["command"] == command:
-            print(f"recipe_runs: seed {seed}: finished by an earlier invocation ({run_dir})", flush=True)
+            print(f"recipe_runs: seed {seed}: finished by an earlier invocation ({kept.get('commit', '?')}, {kept.get('date', '?')})", flush=True)
             runs.append(kept)
             continue
         if run_dir.exists():
@@ -95,11 +100,15 @@ def main() -> None:
                 parser.error(f"{run_dir} exists: a run there would resume from its checkpoint (move it away, or --resume)")
             run_dir.rename(run_dir.with_name(f"{run_dir.name}.stopped-{int(time.time())}"))  # kept, out of the way
         print(f"recipe_runs: {command}", flush=True)
+        began = provenance(sys.argv[1:])
         run_asyncrl(Path(args.config), overrides)
         summary = json.loads((run_dir / "summary.json").read_text())
         metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-        runs.append(run_record(summary, metrics, seed, command))
-        done.write_text(json.dumps(runs[-1], indent=1) + "\n")
+        runs.append({**run_record(summary, metrics, seed, command), "date": began["date"], "commit": began["commit"],
+                     "dirty": began["dirty"], "loadavg": began["loadavg"]})
+        for f in (done, committed):
+            f.parent.mkdir(parents=True, exist_ok=True)
+            f.write_text(json.dumps(runs[-1], indent=1) + "\n")
     publish(args.out, name, "recipe_runs", {"config": args.config, "gain": args.gain, "runs": runs}, sys.argv[1:], start)
 
 

@@ -29,10 +29,11 @@ class GenerationLoop:
     """`link`: the buffer (asyncrl.actors.rollout.buffer_link.BufferLink, or a fake): admission and hand-off;
     `policy`: what becomes of running requests at a weight update (asyncrl.actors.rollout.updates)."""
 
-    def __init__(self, flight: Flight, link, policy: UpdatePolicy, *, max_inflight: int, keep_kv: bool = False) -> None:
+    def __init__(self, flight: Flight, link, policy: UpdatePolicy, *, max_inflight: int, keep_kv: bool = False, verify: bool = False) -> None:
         if policy.restarts_episodes and flight.maker.agent:
             raise ValueError(f"rollout.weight_update={policy.name} restarts episodes, which a black-box agent cannot do")
         self.flight, self.link, self.policy, self.max_inflight, self.keep_kv = flight, link, policy, max_inflight, keep_kv
+        self.verify = verify  # fingerprint the weights served after each load (learner.verify_weights)
         self.engine, self.counters = flight.engine, flight.counters
         self.error: str | None = None
         self.updates: deque[Update] = deque()
@@ -130,6 +131,9 @@ class GenerationLoop:
             again = self.policy.before_load(self, list(self.flight.running()))
             t0 = time.monotonic()
             nbytes = self.engine.receive_weights(payload, keep_kv=self.keep_kv)
+            loaded = time.monotonic()
+            served = self.engine.fingerprint() if self.verify else None
+            verify_s = time.monotonic() - loaded
             self.flight.version = version
             self.counters.weight_updates += 1
             self.link.loaded(version)
@@ -137,7 +141,7 @@ class GenerationLoop:
             self.flight.submit(self.flight.sample(sample_id))
         self.counters.resubmitted += len(again)
         self.counters.update_s += time.monotonic() - started
-        return LoadReport(version=version, seconds=time.monotonic() - t0, bytes=nbytes)
+        return LoadReport(version=version, seconds=loaded - t0, bytes=nbytes, fingerprint=served, verify_s=verify_s)
 
     def drain(self) -> None:
         """Step until every running request has finished on the current weights (episodes: until every one in

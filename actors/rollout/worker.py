@@ -90,7 +90,8 @@ class RolloutWorker:
             self.scoring = InLoopScoring(runner, self.link.put, streak, self.counters)
         self.flight = Flight(self.engine, self.maker, self.scoring, self.link.put, self.tools, prompts, self.counters, run_id=run_id,
                              worker_id=worker_id, group_size=r.group_size, sampling=(r.temperature, r.top_p), first_group=first_group)
-        self.loop = GenerationLoop(self.flight, self.link, POLICIES[r.weight_update], max_inflight=r.max_inflight_groups, keep_kv=r.keep_kv)
+        self.loop = GenerationLoop(self.flight, self.link, POLICIES[r.weight_update], max_inflight=r.max_inflight_groups, keep_kv=r.keep_kv,
+                                   verify=cfg.learner.verify_weights)
         self.stop_flag = threading.Event()
         self.thread: threading.Thread | None = None
 

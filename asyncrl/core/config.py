@@ -285,6 +285,10 @@ class LearnerConfig(_Section):
     """Publish a new weight version to the rollout workers every this many steps."""
     sync_bucket_mb: float = Field(64.0, gt=0)
     """Weights are broadcast in flat buckets of at most this many MiB."""
+    verify_weights: bool = True
+    """After every weight sync each engine fingerprints the weights it serves and the learner compares them with what it sent (a fixed random projection per tensor; docs/fault-tolerance.md)."""
+    on_weight_mismatch: Literal["stop", "resend", "replace"] = "resend"
+    """What a failed verification does: stop (the run ends with an error naming the engine, version and tensor), resend (the version is sent again once; a second mismatch stops) or replace (the engine is replaced like a crashed one, within rollout.max_restarts)."""
     backend: Literal["auto", "gloo", "nccl"] = "auto"
     """Weight broadcast backend: auto (nccl on GPUs, gloo on CPUs), gloo or nccl."""
     weight_transport: Literal["broadcast", "cuda_ipc"] = "broadcast"

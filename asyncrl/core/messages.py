@@ -77,10 +77,14 @@ class WorkerStats(WorkerCounters):
 
 @dataclass(frozen=True)
 class LoadReport:
-    """An engine's load of one weight version: receive and load seconds, bytes received."""
+    """An engine's load of one weight version: receive and load seconds, bytes received, and (`learner.verify_weights`)
+    the fingerprints of the weights it serves after the load (asyncrl.core.fingerprint; None when the engine cannot
+    compute them) and their seconds."""
     version: int
     seconds: float
     bytes: int
+    fingerprint: dict | None = None
+    verify_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -90,6 +94,8 @@ class SentWeights:
     bytes: int
     seconds: float
     payload: object = None
+    fingerprint: dict | None = None  # name -> the sent tensor's fingerprint (`learner.verify_weights`), rank 0
+    fingerprint_s: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -106,7 +106,7 @@ class Controller:
         return {
             "steps": steps_done, "stopped_by": "steps" if steps_done == cfg.run.steps else "time", "resumed_at_step": self.start_step or None, "wall_s": time.time() - t_start, "policy_version": self.version,
             **eval_summary(before, after),
-            "samples": buffer_counts, "rollout": [dataclasses.asdict(e) for e in ends], "rollout_restarts": self.fleet.rollout.restarts,
+            "samples": buffer_counts, "rollout": [dataclasses.asdict(e) for e in ends], "rollout_restarts": self.fleet.rollout.restarts, "weight_mismatches": self.fleet.mismatches,
             "placement": self.fleet.placement, "bottleneck": dataclasses.asdict(bottleneck(history)),
         }
 
@@ -183,7 +183,7 @@ class Controller:
         return {**self.fleet.publish_next(), "eval_wait_s": eval_wait, "eval": validated}
 
     def settle_weights(self) -> dict:
-        """Block until every engine has loaded the version in flight; replace the ones that died doing it."""
+        """Block until every engine has loaded the version in flight and verify it (Fleet.settle_weights)."""
         return self.fleet.settle_weights()
 
     def start_validation(self) -> None:

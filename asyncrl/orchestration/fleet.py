@@ -18,6 +18,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from asyncrl.actors.buffer import ReplayBuffer
 from asyncrl.core.config import Config
+from asyncrl.core.fingerprint import WeightMismatch
 from asyncrl.core.messages import WorkerStats
 from asyncrl.core.models.cache import ModelSource
 from asyncrl.orchestration.cluster import bundle_nodes, place_model, resource_pool
@@ -44,6 +45,8 @@ class Fleet:
         self.learner_pool = LearnerPool(cfg, self.pools[0], [paths[n] for n in nodes[0]])
         self.rollout = RolloutPool(cfg, self.pools[1], [paths[n] for n in nodes[1]], self.buffer, run_id, cursors, self.rewards.actors)
         self.sync = WeightSync(self.learner_pool.actors, cfg)
+        self.on_mismatch = cfg.learner.on_weight_mismatch
+        self.mismatches = 0  # engines found serving other weights than were sent, over the run
         self.created_t = time.time()  # the actors exist (their engines may still be starting)
         self.version = 0  # the policy version last published
         self.on_replaced: Callable[[int], None] = lambda i: None  # told the index of every rollout worker replaced
@@ -77,12 +80,27 @@ class Fleet:
         self.buffer.set_version.remote(self.version)  # the buffer's calls run in the order they were sent
         return sent
 
-    def settle_weights(self) -> dict:
-        """Block until every engine has loaded the version in flight; replace the ones that died doing it."""
-        load_s, dead = self.sync.collect()
-        for i in dead:  # rebuilds the group and publishes again, to everyone
+    def settle_weights(self, again: bool = False) -> dict:
+        """Block until every engine has loaded the version in flight; replace the ones that died doing it; act on
+        the ones that serve other weights than were sent (`learner.on_weight_mismatch`; `again`: this is the
+        version sent a second time)."""
+        settled = self.sync.collect()
+        for i in settled.dead:  # rebuilds the group and publishes again, to everyone
             self.replace_worker(i, "died during a weight update")
-        return {"load_s": load_s}
+        self.mismatches += len(settled.mismatched)
+        for m in settled.mismatched:
+            print(f"asyncrl: WEIGHT MISMATCH {m}{' (sent twice)' if again else ''}; learner.on_weight_mismatch={self.on_mismatch}", flush=True)
+        if not settled.mismatched:
+            return settled.metrics()
+        if self.on_mismatch == "stop" or (self.on_mismatch == "resend" and again):
+            first = settled.mismatched[0]
+            raise WeightMismatch(first.engine, first.version, first.mismatch, again=again)
+        if self.on_mismatch == "resend":
+            self._publish()  # the same version, to every engine (a broadcast reaches the whole group)
+            return {**settled.metrics(), **self.settle_weights(again=True), "mismatches": len(settled.mismatched)}
+        for m in settled.mismatched:
+            self.replace_worker(m.engine, f"served other weights than were sent: {m.mismatch.describe()}")
+        return settled.metrics()
 
     def worker_stats(self) -> list[WorkerStats]:
         """Every worker's counters; a worker whose process died is replaced first (and its lost groups recorded)."""

@@ -6,15 +6,52 @@ collective); rank 0 sends each bucket as it is gathered.
 The transport (`asyncrl.core.weights.make_sender` / `make_receiver`: a torch.distributed broadcast, or CUDA IPC
 handles) carries each version; a version is published without waiting
 for the engines to load it, and at most one is in flight: the next publish first collects the loads of the last.
-An engine that dies while loading is reported, not replaced: replacing it is the fleet's (asyncrl/orchestration/fleet.py) (with the rollout
+After the load every engine fingerprints what it serves and `collect` compares it with the learner's fingerprints of
+what it sent (`verify`; asyncrl.core.fingerprint). An engine that dies while loading is reported, not replaced: replacing it is the fleet's (asyncrl/orchestration/fleet.py) (with the rollout
 pool), after which `connect` rebuilds the group around the new engine and `publish` sends the version again.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import ray
 
 from asyncrl.core.config import Config
-from asyncrl.core.messages import SentWeights
+from asyncrl.core.fingerprint import WeightMismatch, first_mismatch
+from asyncrl.core.messages import LoadReport, SentWeights
+
+
+@dataclass
+class Settled:
+    """The engines' loads of one version: the slowest receive-and-load, the engines that died doing it, the ones
+    whose served weights are not the sent ones (`learner.verify_weights`), and the verification's count and cost."""
+    load_s: float = 0.0
+    dead: list[int] = field(default_factory=list)
+    mismatched: list[WeightMismatch] = field(default_factory=list)
+    verified: int = 0  # engines whose fingerprints were compared
+    unverified: int = 0  # engines that could not fingerprint (SGLang, tensor parallelism)
+    verify_s: float = 0.0  # the slowest engine's fingerprinting plus the learner's
+
+    def metrics(self) -> dict:
+        checked = self.verified + self.unverified
+        return {"load_s": self.load_s, "verify_s": self.verify_s,
+                **({"verified": self.verified / checked, "mismatches": len(self.mismatched)} if checked else {})}
+
+
+def verify(version: int, sent: dict | None, reports: dict[int, LoadReport], dtype: str, spent_s: float = 0.0) -> Settled:
+    """Compare each engine's fingerprints with the learner's (`sent`, None when not verifying)."""
+    out = Settled(load_s=max((r.seconds for r in reports.values()), default=0.0))
+    if sent is None:
+        return out
+    out.verify_s = spent_s + max((r.verify_s for r in reports.values()), default=0.0)
+    for i, report in sorted(reports.items()):
+        if report.fingerprint is None:
+            out.unverified += 1
+            continue
+        out.verified += 1
+        if (m := first_mismatch(sent, report.fingerprint, dtype)) is not None:
+            out.mismatched.append(WeightMismatch(i, version, m))
+    return out
 
 
 class WeightSync:
@@ -25,11 +62,14 @@ class WeightSync:
         self.transport = cfg.learner.weight_transport
         self.engine_ranks = cfg.rollout.tensor_parallel_size  # every tensor-parallel rank of an engine joins the group
         self.in_flight: list | None = None  # each engine's load of the version last published
+        self.sent: SentWeights | None = None  # what the learner sent of it (its fingerprints)
+        self.version, self.dtype = 0, "float32"
 
     def connect(self, workers: list, host: str) -> None:
         """(Re)build the group of learner rank 0 and every engine, rendezvousing at `host`."""
         port = ray.get(self.learner.pick_port.remote(host))
         meta, transport = ray.get([self.learner.weight_meta.remote(), self.learner.transport.remote()])
+        self.dtype = meta[0][1] if meta else "float32"  # what the engines are sent, so what they serve
         world, ranks = weight_group_ranks(len(workers), self.engine_ranks)
         refs = [self.learner.init_weight_sync.remote(host, port, world)]
         refs += [w.init_weight_sync.remote(host, port, first, world, transport, meta, self.bucket_bytes) for w, first in zip(workers, ranks)]
@@ -45,22 +85,24 @@ class WeightSync:
         payload = ray.get(sends[0]).payload if self.transport == "cuda_ipc" else None
         self.in_flight = [w.update_weights.remote(version, payload) for w in workers]
         sent: SentWeights = ray.get(sends)[0]
+        self.sent, self.version = sent, version
         return {"bytes": sent.bytes, "send_s": sent.seconds}
 
-    def collect(self, skip: int | None = None) -> tuple[float, list[int]]:
-        """Wait for the version in flight: (slowest engine's receive-and-load seconds, engines that died doing it).
+    def collect(self, skip: int | None = None) -> Settled:
+        """Wait for the version in flight and verify it: the slowest engine's receive-and-load seconds, the engines
+        that died doing it and the ones that serve other weights than were sent (`verify`).
 
         A peer dying breaks the broadcast for every receiver (gloo fails it on all ranks at once); the survivors
         keep their previous weights (nothing is loaded before the last bucket is in) and get the version again
         once the group is rebuilt, so their errors are expected then and only then (`skip`: the engine already
         known dead)."""
         if self.in_flight is None:
-            return 0.0, []
+            return Settled()
         receivers, self.in_flight = self.in_flight, None
-        dead, errors, load_s = [], [], 0.0
+        dead, errors, reports = [], [], {}
         for i, ref in enumerate(receivers):
             try:
-                load_s = max(load_s, ray.get(ref).seconds)
+                reports[i] = ray.get(ref)
             except ray.exceptions.RayActorError:  # died mid-update
                 dead.append(i)
             except ray.exceptions.RayTaskError as exc:
@@ -68,7 +110,11 @@ class WeightSync:
         if errors and not dead and skip is None:
             raise errors[0]
         ray.get(self.learner.weights_loaded.remote())  # e.g. the IPC snapshot, mapped and loaded by every engine, may go
-        return load_s, [i for i in dead if i != skip]
+        sent = self.sent
+        settled = verify(self.version, sent.fingerprint if sent else None, reports, self.dtype, sent.fingerprint_s if sent else 0.0)
+        settled.dead = [i for i in dead if i != skip]
+        settled.mismatched = [m for m in settled.mismatched if m.engine != skip]
+        return settled
 
 
 def weight_group_ranks(engines: int, tensor_parallel_size: int) -> tuple[int, list[int]]:

@@ -1,0 +1,97 @@
+"""Verified syncs on the real path: learner, gloo group, vLLM engines in their Ray actors. After every load each
+engine fingerprints what it serves (its linear layers through its own repacked kernels) and the learner compares:
+a clean sync matches, and a tensor garbled on one engine, or a LoRA merge that never reached the engine, is an error
+naming the engine, the version and the tensor; `learner.on_weight_mismatch` decides what follows."""
+import pytest
+import ray
+
+from asyncrl.core.config import load_config
+from asyncrl.core.fingerprint import WeightMismatch
+from asyncrl.core.models.cache import ModelSource
+from asyncrl.orchestration.controller import Controller
+from tests.test_learner import fake_samples
+
+GARBLED = "model.layers.1.self_attn.k_proj.weight"  # inside vLLM's fused qkv_proj
+
+
+def _garble_loads(actor, name: str, times: int) -> None:
+    """In a rollout worker's process: the next `times` loads (-1: every one, 0: none any more) get `name` scaled by
+    1.5 (a garbled tensor)."""
+    import asyncrl.actors.vllm_ext as ext
+
+    real = ext.__dict__.setdefault("_unpatched_reload_units", ext.reload_units)
+    left = [times]
+
+    def garbled(runner, weights, units):
+        if left[0] != 0:
+            left[0] -= 1
+            weights = [(n, t * 1.5 if n == name else t) for n, t in weights]
+        return real(runner, weights, units)
+
+    ext.reload_units = garbled
+
+
+def _drop_loads(actor, names: list[str]) -> None:
+    """In a rollout worker's process: loads leave out `names` (a LoRA merge that never reaches the engine)."""
+    import asyncrl.actors.vllm_ext as ext
+
+    real = ext.reload_units
+    ext.reload_units = lambda runner, weights, units: real(runner, [(n, t) for n, t in weights if n not in names], units)
+
+
+def _controller(tmp_path, model_dir, *sets):
+    cfg = load_config(None, ["rollout.num_workers=2", "rollout.num_cpus=0.5", "learner.num_cpus=0.5", "rollout.group_size=4",
+                             "learner.batch_size=16", "learner.lr=1e-2", "logging.wandb=false", f"run.output_dir={tmp_path}", *sets])
+    return Controller(cfg, tmp_path, ModelSource(given=model_dir, path=model_dir))
+
+
+def _train_and_sync(ctl, step: int) -> dict:
+    ctl.on_learners("train_step", fake_samples(), step)
+    ctl.sync_weights()
+    return ctl.settle_weights()
+
+
+def test_verification_names_engine_version_and_tensor_and_follows_the_configured_action(ray_local, random_model_dir, tmp_path):
+    """One run, four syncs: clean; garbled on engine 1 with `stop`; then `replace`; then `resend` (the action is
+    switched on the fleet between syncs, as the config would set it, to start the engines once)."""
+    ctl = _controller(tmp_path, random_model_dir, "learner.on_weight_mismatch=stop")
+    fleet = ctl.fleet
+    try:
+        settled = _train_and_sync(ctl, 0)
+        assert settled["verified"] == 1.0 and settled["mismatches"] == 0 and settled["verify_s"] > 0
+
+        ray.get(ctl.workers[1].__ray_call__.remote(_garble_loads, GARBLED, -1))
+        with pytest.raises(WeightMismatch) as err:
+            _train_and_sync(ctl, 1)
+        assert (err.value.engine, err.value.version, err.value.mismatch.name) == (1, 2, GARBLED)
+        assert "rollout worker 1" in str(err.value) and "version 2" in str(err.value) and GARBLED in str(err.value)
+
+        fleet.on_mismatch = "replace"  # engine 1 still garbles every load: it is swapped for a new one
+        settled = _train_and_sync(ctl, 2)
+        assert fleet.rollout.restarts == 1 and fleet.mismatches == 2
+        assert settled["verified"] == 1.0  # the replacement serves the version as sent
+        assert ray.get(ctl.workers[1].stats.remote()).version == 3
+
+        fleet.on_mismatch = "resend"
+        ray.get(ctl.workers[0].__ray_call__.remote(_garble_loads, GARBLED, 1))  # the next load only
+        settled = _train_and_sync(ctl, 3)
+        assert settled["mismatches"] == 1 and settled["verified"] == 1.0  # sent again, then served right
+        ray.get(ctl.workers[0].__ray_call__.remote(_garble_loads, GARBLED, -1))  # every load
+        with pytest.raises(WeightMismatch, match="sent a second time"):
+            _train_and_sync(ctl, 4)
+    finally:
+        ctl.shutdown()
+
+
+def test_a_lora_merge_that_never_reaches_the_engine_is_caught(ray_local, random_model_dir, tmp_path):
+    ctl = _controller(tmp_path, random_model_dir, "learner.lora.rank=4", "learner.lora.alpha=8",
+                      "learner.lora.target_modules=[q_proj, down_proj]", "learner.on_weight_mismatch=stop")
+    try:
+        sent = [name for name, _, _ in ray.get(ctl.learner.weight_meta.remote())]
+        assert any(".q_proj." in n for n in sent)
+        ray.get(ctl.workers[0].__ray_call__.remote(_drop_loads, [n for n in sent if ".q_proj." in n]))
+        with pytest.raises(WeightMismatch) as err:
+            _train_and_sync(ctl, 0)
+        assert err.value.engine == 0 and ".q_proj." in err.value.mismatch.name
+    finally:
+        ctl.shutdown()
