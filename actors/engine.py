@@ -197,8 +197,8 @@ class VLLMEngine:
         """A context in which nothing generates, so `generated` stays exact: this engine runs only when stepped."""
         return contextlib.nullcontext()
 
-    def init_weight_sync(self, host: str, port: int, rank: int, world: int, transport: list, meta: list, bucket_bytes: int):
-        return self.llm.collective_rpc("asyncrl_init_weight_sync", args=(host, port, rank, world, list(transport), meta, bucket_bytes))
+    def init_weight_sync(self, host: str, port: int, rank: int, world: int, transport: list, meta: list, bucket_bytes: int, name: str):
+        return self.llm.collective_rpc("asyncrl_init_weight_sync", args=(host, port, rank, world, list(transport), meta, bucket_bytes, name))
 
     def receive_weights(self, payload=None, keep_kv: bool = False) -> int:
         """Receive the next version through the weight transport (`payload`: what the learner's end sent with it).

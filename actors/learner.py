@@ -28,7 +28,7 @@ from asyncrl.core.sharding import shard_model
 from asyncrl.core.models.value import ValueModel
 from asyncrl.core.util import pin_to_cores
 from asyncrl.core import lora as lora_lib
-from asyncrl.core.weights import free_port
+from asyncrl.core.weights import listen_socket
 from asyncrl.actors.learner_state import CHECKPOINT_DIR, Checkpoints  # noqa: F401 - CHECKPOINT_DIR: asyncrl.export reads it here
 from asyncrl.actors.learner_step import Trainer, reference_kept
 from asyncrl.actors.learner_sync import WeightSync
@@ -70,6 +70,7 @@ class Learner:
         self.pad_id = self.model.config.pad_token_id or 0
         self.sync = WeightSync(lcfg, self.device, self.compute_dtype, self.model, self.lora_modules)
         self.dp: lg.GroupInfo | None = None  # the learner group, joined by init_learner_group or at first use
+        self.listeners: dict[int, object] = {}  # port -> the listening socket of a store this rank hosts (pick_port)
         self.trainer: Trainer | None = None
         self.checkpoints: Checkpoints | None = None
 
@@ -83,8 +84,8 @@ class Learner:
 
         return ray.util.get_node_ip_address()
 
-    def init_learner_group(self, host: str, port: int, rank: int, world: int) -> bool:
-        self._shard(lg.init_learner_group(host, port, rank, world, self.backend(), self.device))
+    def init_learner_group(self, host: str, port: int, rank: int, world: int, name: str) -> bool:
+        self._shard(lg.init_learner_group(host, port, rank, world, self.backend(), self.device, name, self.listeners.get(port)))
         return True
 
     def _ready(self) -> lg.GroupInfo:
@@ -124,7 +125,12 @@ class Learner:
     # ---- weight publishing (actors/learner_sync.py) ----------------------------------
 
     def pick_port(self, host: str) -> int:
-        return free_port(host)
+        """A port on `host` for a group's store that this rank hosts: its socket is bound and listening from now on
+        (on `host` only) and kept for the store (`init_learner_group`, `init_weight_sync`)."""
+        sock = listen_socket(host)
+        port = sock.getsockname()[1]
+        self.listeners[port] = sock  # a group rebuilt gets a new port; the few old ones stay open with their stores
+        return port
 
     def weight_meta(self) -> list[list]:
         self._ready()
@@ -138,10 +144,10 @@ class Learner:
         """(learner.weight_transport, backend): what an engine needs to build its end of the weight sync."""
         return self.sync.transport()
 
-    def init_weight_sync(self, host: str, port: int, world_size: int) -> bool:
-        """(Re)build the weight group (rank 0); a version still in flight to the old group is abandoned."""
+    def init_weight_sync(self, host: str, port: int, world_size: int, name: str) -> bool:
+        """(Re)build the weight group `name` (rank 0); a version still in flight to the old group is abandoned."""
         self._ready()
-        self.sync.init_weight_sync(host, port, world_size)
+        self.sync.init_weight_sync(host, port, world_size, name, self.listeners.get(port))
         return True
 
     def send_weights(self) -> SentWeights:

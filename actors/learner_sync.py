@@ -67,11 +67,12 @@ class WeightSync:
         """(learner.weight_transport, backend): what an engine needs to build its end of the weight sync."""
         return self.lcfg.weight_transport, self.backend()
 
-    def init_weight_sync(self, host: str, port: int, world_size: int) -> None:
-        """(Re)build the weight group (rank 0); a version still in flight to the old group is abandoned."""
+    def init_weight_sync(self, host: str, port: int, world_size: int, name: str, listener=None) -> None:
+        """(Re)build the weight group `name` (rank 0, hosting its store on `listener`); a version still in flight to
+        the old group is abandoned."""
         if self.sender is None:
             self.sender = make_sender(self.lcfg.weight_transport, self.backend())
-        self.sender.connect(host, port, world_size)
+        self.sender.connect(host, port, world_size, name, listener)
 
     def send_weights(self, rank: int) -> SentWeights:
         """Gather the weights bucket by bucket and post each to the engines (rank 0), returning without waiting for

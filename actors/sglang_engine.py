@@ -257,10 +257,10 @@ class SGLangEngine:
 
     # ---- weights ------------------------------------------------------------------
 
-    def init_weight_sync(self, host: str, port: int, rank: int, world: int, transport: list, meta: list, bucket_bytes: int):
-        """Join the weight group as `rank` (SGLang's own `init_weights_update_group`), or for cuda_ipc only keep
+    def init_weight_sync(self, host: str, port: int, rank: int, world: int, transport: list, meta: list, bucket_bytes: int, name: str):
+        """Join the weight group `name` as `rank` (SGLang's own `init_weights_update_group`), or for cuda_ipc only keep
         the bucket plan. Returns one flag per engine process, as vLLM's collective_rpc does."""
-        self.weight_updates.init(host, port, rank, world, transport, meta, bucket_bytes)
+        self.weight_updates.init(host, port, rank, world, transport, meta, bucket_bytes, name)
         return [True]
 
     def receive_weights(self, payload=None, keep_kv: bool = False) -> int:
@@ -312,13 +312,13 @@ class _WeightUpdates:
         self.group_name: str | None = None
         self.receiver = None
 
-    def init(self, host: str, port: int, rank: int, world: int, transport: list, meta: list, bucket_bytes: int) -> None:
+    def init(self, host: str, port: int, rank: int, world: int, transport: list, meta: list, bucket_bytes: int, name: str) -> None:
         """The bucket plan of `meta`, and the weight group joined as `rank` (or for cuda_ipc, a receiver made)."""
         from sglang.srt.managers.io_struct import InitWeightsUpdateGroupReqInput
 
         import torch
 
-        from asyncrl.core.weights import TensorMeta, group_name, make_receiver, plan_buckets, resolve_backend
+        from asyncrl.core.weights import TensorMeta, make_receiver, plan_buckets, resolve_backend
 
         self.meta = [TensorMeta(n, d, tuple(s)) for n, d, s in meta]
         self.buckets = plan_buckets(self.meta, bucket_bytes)
@@ -328,7 +328,7 @@ class _WeightUpdates:
             self.receiver = make_receiver(kind, backend, self.meta, self.buckets, device)
             return
         self.receiver = None
-        self.group_name = group_name(port)
+        self.group_name = name  # its store prefix: the per-group secret (asyncrl.core.weights.group_name)
         obj = InitWeightsUpdateGroupReqInput(master_address=host, master_port=port, rank_offset=rank, world_size=world,
                                              group_name=self.group_name, backend=resolve_backend(backend, device))
         ok, message = self.run(self.tm.init_weights_update_group(obj, None))

@@ -86,7 +86,7 @@ def reload_units(model_runner, weights: list[tuple[str, torch.Tensor]], units: l
 
 class WeightSyncExtension:
     def asyncrl_init_weight_sync(
-        self, host: str, port: int, rank: int, world_size: int, transport: list, meta: list, bucket_bytes: int
+        self, host: str, port: int, rank: int, world_size: int, transport: list, meta: list, bucket_bytes: int, name: str
     ) -> bool:
         """Build this worker's end of the weight transport (`transport`: [learner.weight_transport, backend]). `rank` is
         the engine's first rank in the weight group; each tensor-parallel worker joins at `rank` + its rank within the
@@ -98,7 +98,7 @@ class WeightSyncExtension:
         device = torch.device(self.device) if isinstance(self.device, str) else self.device  # type: ignore[attr-defined]
         self._asyncrl_receiver = make_receiver(*transport, self._asyncrl_meta, self._asyncrl_buckets, device)
         tp_rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
-        self._asyncrl_receiver.connect(host, port, rank + tp_rank, world_size)
+        self._asyncrl_receiver.connect(host, port, rank + tp_rank, world_size, name)
         return True
 
     def asyncrl_receive_weights(self, payload=None) -> int:

@@ -76,7 +76,7 @@ def child(args) -> None:
 
     meta = json.loads(sys.stdin.readline())  # the parent's weight group: host, port, meta, bucket bytes
     initial = engine.sequence_logprobs(meta["probe"], 1.0)
-    ok = engine.init_weight_sync(meta["host"], meta["port"], 1, 2, ["broadcast", "gloo"], meta["meta"], meta["bucket_bytes"])
+    ok = engine.init_weight_sync(meta["host"], meta["port"], 1, 2, ["broadcast", "gloo"], meta["meta"], meta["bucket_bytes"], "asyncrl-weights-bench")
     assert all(ok), ok
     reloads = []
     for _ in range(args.versions):
@@ -128,7 +128,7 @@ def run_engine(engine: str, args, cfg, model_path: str) -> dict:
     proc.stdin.write(json.dumps({"host": "127.0.0.1", "port": port, "meta": [[m.name, m.dtype, list(m.shape)] for m in meta],
                                  "bucket_bytes": int(cfg.learner.sync_bucket_mb * 2**20), "probe": probe}) + "\n")
     proc.stdin.flush()
-    sender = WeightSender(init_group("127.0.0.1", port, 0, 2, "gloo"), buffers)
+    sender = WeightSender(init_group("127.0.0.1", port, 0, 2, "gloo", "asyncrl-weights-bench"), buffers)
     torch.manual_seed(0)
     result = None
     for line in proc.stdout:

@@ -193,7 +193,7 @@ def worker(spec_path: Path, rank: int) -> None:
     cfg = load_config(None, spec["overrides"])
     learner = learner_module.Learner(cfg, spec["model_dir"], rank)
     if spec["world"] > 1:
-        learner.init_learner_group("127.0.0.1", spec["port"], rank, spec["world"])
+        learner.init_learner_group("127.0.0.1", spec["port"], rank, spec["world"], "asyncrl-learners-bench")
     b = spec["batch"]
     samples = make_samples(b["batch"], b["group_size"], b["prompt_tokens"], b["response_tokens"], b["vocab"])
     device = learner.device

@@ -65,7 +65,7 @@ def worker(rank: int, port: int, size: str, bucket_mb: float, repeats: int, out:
     named = build_params(size)
     meta = tensor_meta(iter(named))
     buckets = plan_buckets(meta, int(bucket_mb * 2**20))
-    group = init_group("127.0.0.1", port, rank, 2, "gloo")
+    group = init_group("127.0.0.1", port, rank, 2, "gloo", "asyncrl-weights-bench")
     tensors = [t for _, t in named]
     nbytes = sum(m.nbytes for m in meta)
     if rank == 0:  # as the learner: parameters in their send buckets, sent in place

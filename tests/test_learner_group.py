@@ -4,7 +4,6 @@ import pytest
 import torch
 
 from asyncrl.actors.learner import Learner
-from asyncrl.core.weights import free_port
 from tests.test_learner import fake_samples, learner
 
 # mini_batches=2 checks that each worker takes its shard of every mini-batch; micro_batch_size=3
@@ -26,8 +25,8 @@ def test_two_learner_workers_match_one(ray_local, random_model_dir, case):
 
     cfg = single.cfg
     actors = [ray_local.remote(Learner).options(num_cpus=1).remote(cfg, random_model_dir, rank) for rank in range(2)]
-    port = free_port()
-    assert all(ray_local.get([a.init_learner_group.remote("127.0.0.1", port, rank, 2) for rank, a in enumerate(actors)]))
+    port = ray_local.get(actors[0].pick_port.remote("127.0.0.1"))  # rank 0 hosts the store on it
+    assert all(ray_local.get([a.init_learner_group.remote("127.0.0.1", port, rank, 2, "asyncrl-learners-test") for rank, a in enumerate(actors)]))
     held = ray_local.get([a.held_numel.remote() for a in actors])
     assert held[0][1] == held[1][1] and held[0][0] + held[1][0] == held[0][1]  # sharded: each rank holds its part
     assert max(h for h, _ in held) <= 0.6 * held[0][1]
@@ -65,8 +64,8 @@ def test_sync_from_shards_is_the_whole_model_byte_for_byte_and_checkpoints_resha
     overrides = [f"learner.lr={LR}", "learner.num_workers=2", "model.dtype=bfloat16"]
     single = learner(random_model_dir, *overrides)
     actors = [ray_local.remote(Learner).options(num_cpus=1).remote(single.cfg, random_model_dir, rank) for rank in range(2)]
-    port = free_port()
-    ray_local.get([a.init_learner_group.remote("127.0.0.1", port, rank, 2) for rank, a in enumerate(actors)])
+    port = ray_local.get(actors[0].pick_port.remote("127.0.0.1"))  # rank 0 hosts the store on it
+    ray_local.get([a.init_learner_group.remote("127.0.0.1", port, rank, 2, "asyncrl-learners-test") for rank, a in enumerate(actors)])
     sent = ray_local.get([a.gathered_weights.remote() for a in actors])[0]
     plain = dict(AutoModelForCausalLM.from_pretrained(random_model_dir, dtype=torch.float32).named_parameters())
     assert [n for n, _ in sent] == list(plain)

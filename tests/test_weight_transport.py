@@ -30,7 +30,7 @@ def _end(rank: int, port: int, results) -> None:
     tensors = _tensors()
     meta = tensor_meta((f"t{i}", t) for i, t in enumerate(tensors))
     buckets = plan_buckets(meta, 130_000)  # several buckets, one tensor larger than a bucket
-    group = init_group("127.0.0.1", port, rank, 2, "gloo", timeout_s=60)
+    group = init_group("127.0.0.1", port, rank, 2, "gloo", "asyncrl-weights-test", timeout_s=60)
     if rank == 0:
         sender = WeightSender(group, flatten_into_buckets(tensors, buckets))
         assert torch.equal(tensors[0], _tensors()[0])  # flattening keeps the values
@@ -76,13 +76,13 @@ def _factory_end(rank: int, port: int, results) -> None:
     buckets = plan_buckets(meta, 130_000)
     if rank == 0:
         sender = make_sender("broadcast", "gloo")
-        sender.connect("127.0.0.1", port, 2)
+        sender.connect("127.0.0.1", port, 2, "asyncrl-weights-test")
         results["sent"] = sender.send(pack(tensors, b) for b in buckets)  # streamed: at most two buckets in flight
         sender.wait()
         sender.release()
         return leave(sender.sender.group)
     receiver = make_receiver("broadcast", "gloo", meta, buckets, torch.device("cpu"))
-    receiver.connect("127.0.0.1", port, 1, 2)
+    receiver.connect("127.0.0.1", port, 1, 2, "asyncrl-weights-test")
     time.sleep(0.3)  # the engine posts its receives late: the sender's third bucket waits for the first
     results["got"] = [(n, t.clone()) for n, t in receiver.receive(None)]
     results["nbytes"] = receiver.nbytes

@@ -29,7 +29,7 @@ def _ipc_learner(handles_q, done_q, results) -> None:
     params = _tensors("cuda:0")
     meta, buckets = _buckets(params)
     sender = make_sender("cuda_ipc", "nccl")
-    sender.connect("127.0.0.1", 0, 2)
+    sender.connect("127.0.0.1", 0, 2, "asyncrl-weights-test")
     for version in range(VERSIONS):
         nbytes, handles = sender.send(pack(params, b) for b in buckets)  # the learner's gathered buckets
         sender.wait()
@@ -46,7 +46,7 @@ def _ipc_engine(handles_q, done_q, results) -> None:
     torch.cuda.set_device(0)
     meta, buckets = _buckets(_tensors("cpu"))
     receiver = make_receiver("cuda_ipc", "nccl", meta, buckets, torch.device("cuda:0"))
-    receiver.connect("127.0.0.1", 0, 1, 2)
+    receiver.connect("127.0.0.1", 0, 1, 2, "asyncrl-weights-test")
     while (item := handles_q.get(timeout=120)) is not None:
         version, handles = item
         got = receiver.receive(handles)
@@ -81,13 +81,13 @@ def _nccl_end(rank: int, port: int, results) -> None:
     meta, buckets = _buckets(tensors)
     if rank == 0:
         sender = make_sender("broadcast", "nccl")
-        sender.connect("127.0.0.1", port, 2)
+        sender.connect("127.0.0.1", port, 2, "asyncrl-weights-test")
         results["sent"] = sender.send(pack(tensors, b) for b in buckets)[0]
         sender.wait()
         torch.cuda.synchronize()
         return leave(sender.sender.group)
     receiver = make_receiver("broadcast", "nccl", meta, buckets, torch.device(f"cuda:{rank}"))
-    receiver.connect("127.0.0.1", port, 1, 2)
+    receiver.connect("127.0.0.1", port, 1, 2, "asyncrl-weights-test")
     results["got"] = [(n, t.float().cpu().clone()) for n, t in receiver.receive(None)]
     leave(receiver.receiver.group)
 
@@ -105,7 +105,7 @@ def test_the_nccl_group_forms_and_a_bucket_broadcast_completes_on_one_gpu():
     tensors = _tensors("cuda:0")
     meta, buckets = _buckets(tensors)
     sender = make_sender("broadcast", "nccl")
-    sender.connect("127.0.0.1", free_port(), 1)
+    sender.connect("127.0.0.1", free_port(), 1, "asyncrl-weights-test")
     assert sender.send(pack(tensors, b) for b in buckets)[0] == sum(m.nbytes for m in meta)
     sender.wait()
     torch.cuda.synchronize()

@@ -111,9 +111,9 @@ class RolloutWorker:
             self.loop.error = f"rollout worker {self.id} loop failed: {exc!r}"
             raise
 
-    def init_weight_sync(self, host: str, port: int, rank: int, world: int, transport: list, meta: list, bucket_bytes: int) -> bool:
-        """Join the weight group (again, after another worker was replaced: then between two engine steps)."""
-        return self._through_loop(Update(self.loop.version, init_args=(host, port, rank, world, transport, meta, bucket_bytes)))
+    def init_weight_sync(self, host: str, port: int, rank: int, world: int, transport: list, meta: list, bucket_bytes: int, name: str) -> bool:
+        """Join the weight group `name` (again, after another worker was replaced: then between two engine steps)."""
+        return self._through_loop(Update(self.loop.version, init_args=(host, port, rank, world, transport, meta, bucket_bytes, name)))
 
     def update_weights(self, version: int, payload=None) -> LoadReport:
         """Blocks until the loop has received and loaded `version` (between two engine steps; with drain, once nothing runs)."""

@@ -30,10 +30,16 @@ class GroupInfo:
     mesh: DeviceMesh | None = None
 
 
-def init_learner_group(host: str, port: int, rank: int, world: int, backend: str, device: torch.device,
-                       timeout_s: float = 300.0) -> GroupInfo:
-    """Join the group (this process's default torch.distributed group) and build its mesh on `device`'s type."""
-    dist.init_process_group(backend, init_method=f"tcp://{host}:{port}", rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s))
+def init_learner_group(host: str, port: int, rank: int, world: int, backend: str, device: torch.device, name: str,
+                       listener=None, timeout_s: float = 300.0) -> GroupInfo:
+    """Join the group (this process's default torch.distributed group) and build its mesh on `device`'s type. Its
+    store is rank 0's, on `listener` (bound to `host` only), its keys under the per-group secret `name`
+    (asyncrl.core.weights.open_store, group_name)."""
+    from asyncrl.core.weights import open_store
+
+    timeout = timedelta(seconds=timeout_s)
+    store = dist.PrefixStore(name, open_store(host, port, rank, world, timeout, listener))
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
     return GroupInfo(rank, world, init_device_mesh(device.type, (world,)))
 
 

@@ -13,6 +13,7 @@ bytes (or handles) cross; names and shapes travel once, by Ray.
 """
 from __future__ import annotations
 
+import secrets
 import socket
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -71,24 +72,52 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def group_name(port: int) -> str:
-    """The weight group's name: both ends derive it from the port of its store (a group rebuilt after a worker
-    restart gets a new port, so a new name, which torch requires of groups in one process)."""
-    return f"asyncrl-weights-{port}"
+def listen_socket(host: str) -> socket.socket:
+    """A socket bound to `host` on a free port and listening: a group's store is hosted on it (`open_store`), so it
+    listens on that address only (loopback on one node) and no other process can take the port in between."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind((host, 0))
+    sock.listen(128)
+    return sock
 
 
-def init_group(host: str, port: int, rank: int, world_size: int, backend: str, timeout_s: float = 300.0):
-    """Join the weight-broadcast group (rank 0 is the learner).
+def new_secret() -> str:
+    """A per-group secret (128 bits), handed to every rank through Ray: the group's store prefix (`group_name`)."""
+    return secrets.token_hex(16)
+
+
+def group_name(secret: str) -> str:
+    """The weight group's name and its store prefix. Built from a per-group secret (`new_secret`), so a process that
+    reaches the store's port cannot guess the keys of the group's rendezvous (it cannot join it, nor write a key the
+    ranks read); a new group (a worker restarted) gets a new secret, so a new name, which torch requires of groups in
+    one process."""
+    return f"asyncrl-weights-{secret}"
+
+
+def open_store(host: str, port: int, rank: int, world_size: int, timeout: timedelta, listener: socket.socket | None = None):
+    """The group's TCP store at host:port: rank 0 hosts it, on `listener` when given (bound to `host` only; without
+    one, torch binds every interface), the others connect. The same protocol as torch's `tcp://` rendezvous, so SGLang's
+    own `init_weights_update_group` connects to it as any rank > 0."""
+    from torch.distributed import TCPStore
+
+    if rank == 0:
+        return TCPStore(host, port, world_size, True, timeout, wait_for_workers=False,
+                        master_listen_fd=listener.fileno() if listener is not None else None)
+    return TCPStore(host, port, world_size, False, timeout)
+
+
+def init_group(host: str, port: int, rank: int, world_size: int, backend: str, name: str, timeout_s: float = 300.0,
+               listener: socket.socket | None = None):
+    """Join the weight-broadcast group `name` (`group_name`; rank 0 is the learner, hosting the store on `listener`).
 
     The protocol is the one SGLang's `init_weights_update_group` speaks (and verl's and OpenRLHF's trainers): a
-    TCP rendezvous at host:port that rank 0 hosts, a PrefixStore named `group_name(port)`, and torch's
+    TCP store at host:port that rank 0 hosts, a PrefixStore named after the group, and torch's
     `_new_process_group_helper` for a group outside any default process group. So vLLM workers, SGLang schedulers
     and the learner all join the same group with their own code, and no default group is needed on any side."""
-    from torch.distributed.distributed_c10d import Backend, PrefixStore, _new_process_group_helper, _world, rendezvous
+    from torch.distributed.distributed_c10d import Backend, PrefixStore, _new_process_group_helper, _world
 
     timeout = timedelta(seconds=timeout_s)
-    name = group_name(port)
-    store, rank, world_size = next(rendezvous(f"tcp://{host}:{port}", rank, world_size, timeout=timeout))
+    store = open_store(host, port, rank, world_size, timeout, listener)
     store.set_timeout(timeout)
     pg, _ = _new_process_group_helper(world_size, rank, [], Backend(backend), PrefixStore(name, store),
                                       group_name=name, backend_options=None, timeout=timeout)
@@ -216,13 +245,13 @@ class BroadcastSender:
         self.backend = backend
         self.sender: WeightSender | None = None
 
-    def connect(self, host: str, port: int, world_size: int) -> None:
+    def connect(self, host: str, port: int, world_size: int, name: str, listener: socket.socket | None = None) -> None:
         if self.sender is not None:  # a version still in flight to the old group is abandoned
             try:
                 self.sender.wait()
             except RuntimeError:  # a receiver of the old group died: that is why the group is being rebuilt
                 pass
-        self.sender = WeightSender(init_group(host, port, 0, world_size, self.backend))
+        self.sender = WeightSender(init_group(host, port, 0, world_size, self.backend, name, listener=listener))
 
     def send(self, flats: Iterable[torch.Tensor]) -> tuple[int, None]:
         return self.sender.publish(flats), None
@@ -243,7 +272,7 @@ class CudaIpcSender:
     def __init__(self) -> None:
         self.snapshot: list[torch.Tensor] = []
 
-    def connect(self, host: str, port: int, world_size: int) -> None:
+    def connect(self, host: str, port: int, world_size: int, name: str, listener: socket.socket | None = None) -> None:
         """No group: the handles travel with each version."""
 
     def send(self, flats: Iterable[torch.Tensor]) -> tuple[int, list[tuple]]:
@@ -268,8 +297,8 @@ class BroadcastReceiver:
         self.receiver: WeightReceiver | None = None
         self.nbytes = sum(m.nbytes for m in meta)
 
-    def connect(self, host: str, port: int, rank: int, world_size: int) -> None:
-        self.receiver = WeightReceiver(init_group(host, port, rank, world_size, self.backend), self.meta, self.buckets, self.device)
+    def connect(self, host: str, port: int, rank: int, world_size: int, name: str) -> None:
+        self.receiver = WeightReceiver(init_group(host, port, rank, world_size, self.backend, name), self.meta, self.buckets, self.device)
 
     def receive(self, payload: None) -> list[tuple[str, torch.Tensor]]:
         return self.receiver.receive()
@@ -282,7 +311,7 @@ class CudaIpcReceiver:
         self.meta, self.buckets, self.device = meta, buckets, device
         self.nbytes = sum(m.nbytes for m in meta)
 
-    def connect(self, host: str, port: int, rank: int, world_size: int) -> None:
+    def connect(self, host: str, port: int, rank: int, world_size: int, name: str) -> None:
         """No group: the handles come with each version."""
 
     def receive(self, payload: list[tuple]) -> list[tuple[str, torch.Tensor]]:

@@ -13,6 +13,7 @@ from ray.util.placement_group import PlacementGroup
 from asyncrl.actors.learner import Learner
 from asyncrl.core.checkpoint import CHECKPOINT_HF_DIR
 from asyncrl.core.config import Config
+from asyncrl.core.weights import new_secret
 from asyncrl.orchestration.cluster import in_pool
 
 
@@ -32,8 +33,8 @@ class LearnerPool:
 
     def init_group(self, host: str) -> None:
         """Join the ranks into one process group (several ranks shard the model), rendezvousing at `host`."""
-        port = ray.get(self.actors[0].pick_port.remote(host))
-        ray.get([a.init_learner_group.remote(host, port, i, len(self.actors)) for i, a in enumerate(self.actors)])
+        port, name = ray.get(self.actors[0].pick_port.remote(host)), f"asyncrl-learners-{new_secret()}"
+        ray.get([a.init_learner_group.remote(host, port, i, len(self.actors), name) for i, a in enumerate(self.actors)])
 
     def save_checkpoint(self, directory: Path) -> None:
         """The learner's part of a checkpoint: its shards (every rank writes its own) and, with run.checkpoint_hf, the

@@ -19,6 +19,7 @@ import ray
 from asyncrl.core.config import Config
 from asyncrl.core.fingerprint import WeightMismatch, first_mismatch
 from asyncrl.core.messages import LoadReport, SentWeights
+from asyncrl.core.weights import group_name, new_secret
 
 
 @dataclass
@@ -71,8 +72,9 @@ class WeightSync:
         meta, transport = ray.get([self.learner.weight_meta.remote(), self.learner.transport.remote()])
         self.dtype = meta[0][1] if meta else "float32"  # what the engines are sent, so what they serve
         world, ranks = weight_group_ranks(len(workers), self.engine_ranks)
-        refs = [self.learner.init_weight_sync.remote(host, port, world)]
-        refs += [w.init_weight_sync.remote(host, port, first, world, transport, meta, self.bucket_bytes) for w, first in zip(workers, ranks)]
+        name = group_name(new_secret())  # the store prefix: only the ranks, told through Ray, know it
+        refs = [self.learner.init_weight_sync.remote(host, port, world, name)]
+        refs += [w.init_weight_sync.remote(host, port, first, world, transport, meta, self.bucket_bytes, name) for w, first in zip(workers, ranks)]
         ray.get(refs)
 
     def publish(self, workers: list, version: int) -> dict:
