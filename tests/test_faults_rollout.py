@@ -1,16 +1,17 @@
 """Faults in a rollout worker are counted drops, not crashes, and nothing goes unrecorded.
 
-Fast: the reward runner's timeout and its bound on stuck threads, and the
-count of groups in a row whose reward failed (the in-loop reward hand-off alone).
-Slow (a real engine on the random tiny model and a real ReplayBuffer actor, no
-learner): a reward that hangs past `task.reward_timeout_s`, a reward that
-always raises, and empty or over-long prompts in the prompt stream. Each slow
+Fast: the count of groups in a row whose reward failed (the in-loop reward
+hand-off alone, over an in-process stand-in for its scoring process).
+Slow (a real engine on the random tiny model, its real reward process and a
+real ReplayBuffer actor, no learner): a reward that hangs past
+`task.reward_timeout_s` call after call, a reward that always raises, and
+empty or over-long prompts in the prompt stream. Each slow
 test reads the trajectory store at the end: every sample recorded exactly once.
 """
 from __future__ import annotations
 
 import itertools
-import threading
+import os
 import time
 from pathlib import Path
 
@@ -27,7 +28,7 @@ from asyncrl.core.episode import SingleTurn
 from asyncrl.core.messages import GroupId, WorkerCounters
 from asyncrl.core.store import read_trajectories
 from asyncrl.core.prompts import Prompt
-from asyncrl.core.reward_runner import RewardRunner, RewardThreadsStuck, RewardTimeout
+from asyncrl.core.scoring import Scored
 
 slow = pytest.mark.slow
 GROUP = 4
@@ -36,14 +37,18 @@ PROMPT = Prompt("1+2", "1+2=", "3")
 
 # ---- rewards the workers load by dotted path (tests.test_faults_rollout.<name>) -------------
 
-SLEEPS = {"left": 0}  # how many more calls of hanging_reward sleep past the timeout
+HANGS = "ASYNCRL_TEST_HANGS"
+"""The environment variable naming a file that holds how many more calls of hanging_reward hang (the reward runs in
+the worker's reward process, so its count lives in a file)."""
 
 
 def hanging_reward(prompt: Prompt, response: str) -> float:
-    """Sleeps 1 s on its first SLEEPS["left"] calls (past a 0.2 s timeout), then scores 0.0 at once."""
-    if SLEEPS["left"] > 0:
-        SLEEPS["left"] -= 1
-        time.sleep(1.0)
+    """Hangs for an hour on the next N calls (N from the file named by $ASYNCRL_TEST_HANGS, counted down there),
+    then scores 0.0 at once."""
+    path = os.environ.get(HANGS)
+    if path and int(Path(path).read_text()) > 0:
+        Path(path).write_text(str(int(Path(path).read_text()) - 1))
+        time.sleep(3600)
     return 0.0
 
 
@@ -51,40 +56,26 @@ def failing_reward(prompt: Prompt, response: str) -> float:
     raise ValueError("boom")
 
 
-# ---- fast: the reward runner -----------------------------------------------------------------
+# ---- fast: the in-loop hand-off's accounting ------------------------------------------------------
 
 
-def test_reward_runner_times_out_and_bounds_stuck_threads():
-    release = threading.Event()
+class InProcessScorer:
+    """Stands in for the worker's reward process (asyncrl.core.scoring.ScoringProcess, exercised by the slow tests
+    below): the same answers, in this process, for the hand-off's accounting alone."""
 
-    def reward(prompt: Prompt, response: str) -> float:
-        if response == "hang":
-            release.wait(10)
-        if response == "own timeout":
-            raise TimeoutError("the reward's own")
-        return 1
+    timeout_s = 5.0
 
-    runner = RewardRunner(reward, timeout_s=0.1, threads=2)
-    assert runner(PROMPT, "ok") == 1.0
-    with pytest.raises(TimeoutError, match="the reward's own"):  # raised by the reward: not a timeout
-        runner(PROMPT, "own timeout")
-    with pytest.raises(RewardTimeout, match=r"reward timed out after 0\.1 s"):
-        runner(PROMPT, "hang")
-    assert runner.stuck == 1
-    assert runner(PROMPT, "ok") == 1.0  # the other thread still serves
-    with pytest.raises(RewardTimeout):
-        runner(PROMPT, "hang")
-    assert runner.stuck == 2
-    t0 = time.monotonic()
-    with pytest.raises(RewardThreadsStuck, match="all 2 reward threads are stuck"):
-        runner(PROMPT, "ok")
-    assert time.monotonic() - t0 < 0.05  # refused at once, no wait for a thread that will not come
-    release.set()
-    deadline = time.monotonic() + 5
-    while runner.stuck and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert runner.stuck == 0 and runner(PROMPT, "ok") == 1.0  # threads that returned serve again
-    assert runner._started == 2
+    def __init__(self, fn) -> None:
+        self.fn = fn
+
+    def score(self, prompts: list[Prompt], responses: list[str]) -> list[Scored]:
+        out = []
+        for p, r in zip(prompts, responses):
+            try:
+                out.append(Scored(value=float(self.fn(p, r))))
+            except Exception as exc:  # noqa: BLE001 - as the reward process reports it
+                out.append(Scored(error=f"reward raised {exc!r}"))
+        return out
 
 
 class Scorer:
@@ -93,7 +84,7 @@ class Scorer:
     def __init__(self, reward, max_failures: int) -> None:
         self.put, self.error, self.counters = [], None, WorkerCounters()
         self.streak = FailureStreak(max_failures, "my.reward", self.fail)
-        self.scoring = InLoopScoring(RewardRunner(reward, timeout_s=5.0), self.put.append, self.streak, self.counters)
+        self.scoring = InLoopScoring(InProcessScorer(reward), self.put.append, self.streak, self.counters)
 
     def fail(self, why: str) -> None:
         self.error = self.error or f"rollout worker 0: {why}"
@@ -174,23 +165,26 @@ def stop_and_read(worker: RolloutWorker, buffer, store_dir: Path) -> tuple[dict,
 
 
 @slow
-def test_a_reward_past_its_timeout_drops_its_group_and_the_loop_goes_on(random_model_dir, ray_local, tmp_path):
-    SLEEPS["left"] = 2
+def test_a_reward_that_hangs_call_after_call_is_killed_each_time_and_the_loop_goes_on(random_model_dir, ray_local, tmp_path, monkeypatch):
+    """Six calls hang for an hour: more than the 4 reward threads the loop once had, whose stuck calls ended the run."""
+    hangs = tmp_path / "hangs"
+    hangs.write_text("6")
+    monkeypatch.setenv(HANGS, str(hangs))  # the worker's reward process inherits it
     worker, buffer = make_worker(random_model_dir, tmp_path / "traj", "tests.test_faults_rollout.hanging_reward", reward_timeout_s=0.2)
-    assert worker.scoring.runner.timeout_s == 0.2
+    assert worker.scoring.scorer.timeout_s == 0.2
     worker.start()
-    wait_for(lambda: worker.counters.groups_done >= 4)
+    wait_for(lambda: worker.counters.groups_done >= 5)
     assert worker.stats().error is None and worker.thread.is_alive()
     end, _, rows = stop_and_read(worker, buffer, tmp_path / "traj")
 
-    assert end.reward_timeouts == 2 and end.reward_errors == 0 and end.error is None
-    timed_out = [r for r in rows if r["status_reason"] == "reward timed out after 0.2 s"]
-    assert len(timed_out) == 2 and len({r["group_id"] for r in timed_out}) == 1
-    group = [r for r in rows if r["group_id"] == timed_out[0]["group_id"]]
-    assert {r["status"] for r in group} == {"dropped_error"} and all(r["reward"] is None for r in timed_out)
-    assert sorted(r["status_reason"] for r in group if r not in timed_out) == ["a sample of its group failed"] * 2
+    assert hangs.read_text() == "0" and end.reward_timeouts == 6 and end.reward_errors == 0 and end.error is None
+    timed_out = [r for r in rows if r["status_reason"] == "reward timed out after 0.2 s (its process was killed)"]
+    assert len(timed_out) == 6 and len({r["group_id"] for r in timed_out}) == 2  # a whole group, then half the next
+    groups = [r for r in rows if r["group_id"] in {t["group_id"] for t in timed_out}]
+    assert {r["status"] for r in groups} == {"dropped_error"} and all(r["reward"] is None for r in timed_out)
+    assert sorted(r["status_reason"] for r in groups if r not in timed_out) == ["a sample of its group failed"] * 2
     scored = [r for r in rows if r["status"] == "unconsumed_at_end"]
-    assert len(scored) >= 3 * GROUP and {r["reward"] for r in scored} == {0.0}  # groups after it were scored normally
+    assert len(scored) >= 3 * GROUP and {r["reward"] for r in scored} == {0.0}  # groups after them were scored normally
     assert {r["status"] for r in rows} <= {"dropped_error", "unconsumed_at_end", "aborted_at_end"}
 
 

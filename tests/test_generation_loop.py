@@ -21,9 +21,9 @@ from asyncrl.core.agents import AgentEnvironment
 from asyncrl.core.config import load_config
 from asyncrl.core.messages import WorkerCounters
 from asyncrl.core.prompts import Prompt
-from asyncrl.core.reward_runner import RewardRunner
 from asyncrl.core.tools import ToolOutcome
 from tests.envs_fixture import ScriptedEnv
+from tests.test_faults_rollout import InProcessScorer
 
 LP = -0.5  # every fake token's log-prob
 
@@ -151,7 +151,7 @@ def make_loop(mode: str, *overrides: str, groups: int = 1, group_size: int = 2, 
     maker = EpisodeMaker(cfg, engine.tokenizer, env, False)
     streak = FailureStreak(3, "reward", lambda why: None)
     scoring = (EnvironmentScoring(buffer.put, streak, counters) if env else
-               InLoopScoring(RewardRunner(lambda p, r: float(len(r) % 2)), buffer.put, streak, counters))
+               InLoopScoring(InProcessScorer(lambda p, r: float(len(r) % 2)), buffer.put, streak, counters))
     tools = InlineTools(env.tools) if env else None
     flight = Flight(engine, maker, scoring, buffer.put, tools, prompt_stream or prompts(), counters, run_id="t", worker_id=0,
                     group_size=group_size, sampling=(1.0, 1.0))

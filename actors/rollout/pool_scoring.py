@@ -11,8 +11,6 @@ from asyncrl.core.prompts import Prompt
 class PoolScoring:
     """asyncrl.actors.rollout.scoring.Scoring over a RewardClient: the pool scores and delivers, the loop goes on."""
 
-    stuck = 0
-
     def __init__(self, client: RewardClient) -> None:
         self.client = client
 

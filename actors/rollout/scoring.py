@@ -1,7 +1,7 @@
 """The reward hand-off: a finished group's records get their rewards and go to the buffer, one of three ways.
 
-- `InLoopScoring`: the task's reward, called on a few threads with a timeout (asyncrl.core.reward_runner), from
-  the loop (no reward pool).
+- `InLoopScoring`: the task's reward, called from the loop (no reward pool) in a child process of the worker that
+  is killed when a call runs past its timeout (asyncrl.core.scoring.ScoringProcess, the reward pool's).
 - `EnvironmentScoring`: an environment's or an agent's episodes bring their own reward; a tool or agent that
   failed drops the group.
 - the reward pool (actors/rollout/pool_scoring.py): the group goes to a reward actor, which scores it and
@@ -18,14 +18,12 @@ from asyncrl.actors.rollout.records import dropped
 from asyncrl.actors.rollout.state import Group
 from asyncrl.core.messages import WorkerCounters
 from asyncrl.core.prompts import Prompt
-from asyncrl.core.reward_runner import RewardRunner, RewardThreadsStuck, RewardTimeout
+from asyncrl.core.scoring import ScoringProcess
 from asyncrl.core.schema import Status
 
 
 class Scoring(Protocol):
     """Where the loop hands a finished group (`records` in sample order, not yet scored)."""
-
-    stuck: int  # reward threads held by calls that timed out
 
     def hand_off(self, group: Group, records: list[dict]) -> None: ...
 
@@ -53,15 +51,12 @@ class FailureStreak:
 class _Local:
     """Scores on the loop's thread, then puts the group: the in-loop and the environment's variants."""
 
-    stuck = 0
-
     def __init__(self, put: Callable[[list[dict]], None], streak: FailureStreak, counters: WorkerCounters) -> None:
         self.put, self.streak, self.counters = put, streak, counters
 
     def hand_off(self, group: Group, records: list[dict]) -> None:
         failed = []
-        for record in records:
-            reason = self.score(group, record)
+        for record, reason in zip(records, self.score_group(group, records)):
             if reason is not None:
                 failed.append(reason)
                 record.update(status=Status.DROPPED_ERROR.value, status_reason=reason)
@@ -70,6 +65,10 @@ class _Local:
             dropped(records, "a sample of its group failed")
         self.streak(len(failed) == len(records), failed[-1] if failed else "")
         self.put(records)
+
+    def score_group(self, group: Group, records: list[dict]) -> list[str | None]:
+        """Set each record's reward; returns, for each, why it has none (None: scored)."""
+        return [self.score(group, record) for record in records]
 
     def score(self, group: Group, record: dict) -> str | None:
         """Set the record's reward; returns why it has none."""
@@ -86,32 +85,32 @@ class _Local:
 
 
 class InLoopScoring(_Local):
-    """The task's reward (`task.reward`) on `runner`'s threads, each call bounded by task.reward_timeout_s."""
+    """The task's reward (`task.reward`) in `scorer`'s child process, a group in one call. A call past
+    task.reward_timeout_s, or one that ends its process, is killed with everything it started and its sample
+    recorded with the reason; the next call gets a fresh child, so a reward that hangs again and again costs its
+    samples, never the worker."""
 
-    def __init__(self, runner: RewardRunner, put, streak: FailureStreak, counters: WorkerCounters) -> None:
+    def __init__(self, scorer: ScoringProcess, put, streak: FailureStreak, counters: WorkerCounters) -> None:
         super().__init__(put, streak, counters)
-        self.runner = runner
+        self.scorer = scorer
 
-    @property
-    def stuck(self) -> int:
-        return self.runner.stuck
-
-    def score(self, group: Group, record: dict) -> str | None:
-        try:
-            record["reward"] = self.runner(group.prompt, record["response_text"])
-        except RewardThreadsStuck as exc:  # no reward can run any more: this worker is done
-            self.streak.fail(f"reward {self.streak.reward!r}: {exc}")
-            return str(exc)
-        except RewardTimeout as exc:
-            self.counters.reward_timeouts += 1
-            return str(exc)
-        except Exception as exc:  # a user reward failing must not kill the worker
-            self.counters.reward_errors += 1
-            return f"reward raised {exc!r}"
-        return None
+    def score_group(self, group: Group, records: list[dict]) -> list[str | None]:
+        results = self.scorer.score([group.prompt] * len(records), [r["response_text"] for r in records])
+        for record, res in zip(records, results):
+            record["reward"] = res.value
+            if res.error is None:
+                continue
+            if res.error.startswith("reward timed out"):
+                self.counters.reward_timeouts += 1
+            else:  # it raised, ended its process, or could not be built
+                self.counters.reward_errors += 1
+        return [res.error for res in results]
 
     def score_texts(self, prompts: list[Prompt], responses: list[str]) -> list[float]:
-        return [self.runner(p, r) for p, r in zip(prompts, responses)]
+        results = self.scorer.score(prompts, responses)
+        if failed := next((res.error for res in results if res.error is not None), None):
+            raise RuntimeError(f"reward {self.streak.reward!r}: {failed}")
+        return [res.value for res in results]
 
 
 class EnvironmentScoring(_Local):
@@ -133,8 +132,6 @@ class EnvironmentScoring(_Local):
 class Captured:
     """The offline loop's hand-off (RolloutWorker.episodes): finished groups kept in the order they finished,
     nothing scored or put."""
-
-    stuck = 0
 
     def __init__(self) -> None:
         self.groups: list[Group] = []

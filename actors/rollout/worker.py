@@ -7,8 +7,8 @@ Faults are counted drops, not crashes; every sample still ends in one status:
 - A reward call that raises, or runs past `task.reward_timeout_s`, drops its group as dropped_error
   (`reward_errors`, `reward_timeouts`). With a reward pool (actors/reward.py) the call runs in a child process
   that is killed at the timeout, and a group whose reward actor died is handed over again. In the loop, rewards
-  run on a few daemon threads (asyncrl.core.reward_runner) and the loop waits for each call up to the timeout;
-  a timed-out call keeps its thread, so once all of them are held the worker reports an error.
+  run the same way, in a child process of the worker (asyncrl.core.scoring.ScoringProcess), killed at the timeout:
+  a reward that hangs on every call costs its samples, not the worker.
 - When every sample of `task.max_consecutive_reward_failures` groups in a row fails scoring, the worker reports
   an error naming the reward and the last reason (the controller stops the run on any worker error).
 - A prompt that is empty or too long for the engine becomes a group recorded as dropped_error without generating
@@ -25,7 +25,7 @@ import threading
 import ray
 
 from asyncrl.actors.engines import make_engine
-from asyncrl.actors.reward import RewardClient
+from asyncrl.actors.reward import RewardClient, reward_options
 from asyncrl.actors.rollout.buffer_link import BufferLink
 from asyncrl.actors.rollout.episodes import EpisodeMaker
 from asyncrl.actors.rollout.flight import Flight
@@ -43,16 +43,10 @@ from asyncrl.core.envs import make_environment
 from asyncrl.core.evaluation import EvalScores
 from asyncrl.core.messages import LoadReport, WorkerCounters, WorkerStats
 from asyncrl.core.prompts import Prompt
-from asyncrl.core.reward_runner import RewardRunner
-from asyncrl.core.reward_traits import per_sample
-from asyncrl.core.rewards import make_reward
+from asyncrl.core.scoring import ScoringProcess
 from asyncrl.core.tasks import make_task
 from asyncrl.core.tools import ToolPool
 from asyncrl.core.util import pin_to_cores
-
-REWARD_THREADS = 4
-"""Threads per worker for reward calls; a timed-out call holds one until it returns (see RewardRunner)."""
-
 
 class RolloutWorker:
     def __init__(self, worker_id: int, cfg: Config, model_path: str, buffer, run_id: str, start_cursor: int = 0,
@@ -86,8 +80,8 @@ class RolloutWorker:
         elif env_cls is not None:
             self.scoring = EnvironmentScoring(self.link.put, streak, self.counters)
         else:
-            runner = RewardRunner(per_sample(make_reward(cfg.task.reward)), cfg.task.reward_timeout_s, REWARD_THREADS, f"reward-w{worker_id}")
-            self.scoring = InLoopScoring(runner, self.link.put, streak, self.counters)
+            scorer = ScoringProcess(cfg.task.reward, reward_options(cfg), cfg.task.reward_timeout_s)
+            self.scoring = InLoopScoring(scorer, self.link.put, streak, self.counters)
         self.flight = Flight(self.engine, self.maker, self.scoring, self.link.put, self.tools, prompts, self.counters, run_id=run_id,
                              worker_id=worker_id, group_size=r.group_size, sampling=(r.temperature, r.top_p), first_group=first_group)
         self.loop = GenerationLoop(self.flight, self.link, POLICIES[r.weight_update], max_inflight=r.max_inflight_groups, keep_kv=r.keep_kv,
@@ -136,7 +130,7 @@ class RolloutWorker:
     def stats(self) -> WorkerStats:
         return WorkerStats(**dataclasses.asdict(self.counters), worker_id=self.id, version=self.loop.version,
                            inflight_groups=len(self.flight), scoring_groups=len(self.scoring),
-                           reward_threads_stuck=self.scoring.stuck, error=self.loop.error)
+                           error=self.loop.error)
 
     def engine_trace(self) -> list[tuple[float, int]]:
         """(wall time, running requests) of every engine step since the last call (the controller drains it each

@@ -76,7 +76,7 @@ class TaskConfig(_Section):
     chat: bool = False
     """Render prompts with the tokenizer's chat template (instruct models): a text prompt as one user turn (after data.system_prompt when given), a chat-messages prompt (task.name=dataset) as its turns; the assistant's turn is opened."""
     reward_timeout_s: float = Field(30.0, gt=0)
-    """Longest one reward call may take; past it the sample (and so its group) is dropped_error. Python cannot kill the call: it keeps one of the worker's 4 reward threads until it returns, and with all 4 held the worker reports an error."""
+    """Longest one reward call may take; past it the call's process is killed, with everything it started, and the sample (and so its group) is dropped_error; the next call gets a fresh process."""
     max_consecutive_reward_failures: int = Field(20, ge=1)
     """Stop the run when every sample of this many groups in a row failed scoring (the reward raised or timed out)."""
     high: int = Field(16, ge=2)

@@ -71,7 +71,6 @@ class WorkerStats(WorkerCounters):
     version: int = 0
     inflight_groups: int = 0
     scoring_groups: int = 0  # handed to the reward pool, not yet delivered
-    reward_threads_stuck: int = 0
     error: str | None = None
 
 
