@@ -92,6 +92,10 @@ class Scorer:
     def score(self, group: Group) -> list[dict]:
         records = [sample_record("t", 0, group, group.samples[sid], lambda ids: "x" * len(ids)) for sid in sorted(group.samples)]
         self.scoring.hand_off(group, records)
+        deadline = time.monotonic() + 10
+        while len(self.scoring) and time.monotonic() < deadline:  # scored on the hand-off's thread, delivered at a check
+            self.scoring.check()
+            time.sleep(0.001)
         return self.put[-1]
 
 

@@ -164,8 +164,9 @@ def steps(loop: GenerationLoop, n: int) -> None:
 
 
 def finish(loop: GenerationLoop) -> None:
-    for _ in range(200):
-        if not loop.flight.groups:
+    """Pass until every group has ended and been scored (in-loop rewards score on a thread: delivered at a check)."""
+    for _ in range(2000):
+        if not loop.flight.groups and not len(loop.flight.scoring):
             return
         loop.one_pass()
     raise AssertionError("the loop did not finish its groups")
@@ -219,7 +220,9 @@ def test_drain_lets_running_samples_finish_on_the_old_weights_first():
     loop, engine, buffer = started("drain")
     loop.load(1)
     assert engine.aborted == [] and loop.counters.drain_s > 0 and not engine.has_unfinished()
-    assert len(buffer.records) == 2 and buffer.versions == [1]  # finished and handed off before the load
+    assert not loop.flight.groups and buffer.versions == [1]  # finished before the load (delivered once scored)
+    finish(loop)
+    assert len(buffer.records) == 2
     for r in buffer.records:
         assert r["token_versions"] == [0] * 6 and (r["policy_version_start"], r["policy_version_end"]) == (0, 0)
 

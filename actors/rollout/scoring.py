@@ -11,6 +11,8 @@ GRPO needs whole groups: one sample that fails scoring drops its group as droppe
 the run when every sample of `task.max_consecutive_reward_failures` groups in a row failed."""
 from __future__ import annotations
 
+import queue
+import threading
 import time
 from typing import Callable, Protocol
 
@@ -56,7 +58,8 @@ class _Local:
 
     def hand_off(self, group: Group, records: list[dict]) -> None:
         failed = []
-        for record, reason in zip(records, self.score_group(group, records)):
+        for record in records:
+            reason = self.score(group, record)
             if reason is not None:
                 failed.append(reason)
                 record.update(status=Status.DROPPED_ERROR.value, status_reason=reason)
@@ -65,10 +68,6 @@ class _Local:
             dropped(records, "a sample of its group failed")
         self.streak(len(failed) == len(records), failed[-1] if failed else "")
         self.put(records)
-
-    def score_group(self, group: Group, records: list[dict]) -> list[str | None]:
-        """Set each record's reward; returns, for each, why it has none (None: scored)."""
-        return [self.score(group, record) for record in records]
 
     def score(self, group: Group, record: dict) -> str | None:
         """Set the record's reward; returns why it has none."""
@@ -85,29 +84,88 @@ class _Local:
 
 
 class InLoopScoring(_Local):
-    """The task's reward (`task.reward`) in `scorer`'s child process, a group in one call. A call past
-    task.reward_timeout_s, or one that ends its process, is killed with everything it started and its sample
-    recorded with the reason; the next call gets a fresh child, so a reward that hangs again and again costs its
-    samples, never the worker."""
+    """The task's reward (`task.reward`) in `scorer`'s child process, a group a call, on a thread of the worker: the
+    loop hands a group over and goes on generating; `check` (the loop's, every SCORING_CHECK_S) delivers what was
+    scored. A call past task.reward_timeout_s, or one that ends its process, is killed with everything it started
+    and its sample recorded with the reason; the next call gets a fresh child, so a reward that hangs again and
+    again costs its samples, never the worker. Groups handed over and not yet delivered count in `len`, as the
+    reward pool's do."""
 
     def __init__(self, scorer: ScoringProcess, put, streak: FailureStreak, counters: WorkerCounters) -> None:
         super().__init__(put, streak, counters)
         self.scorer = scorer
+        self.lock = threading.Lock()  # one call at a time into the reward process (the thread's, an evaluation's)
+        self.todo: queue.SimpleQueue = queue.SimpleQueue()  # (epoch, prompt, records) to score
+        self.done: queue.SimpleQueue = queue.SimpleQueue()  # (epoch, records, results) scored
+        self.outstanding: dict[int, list[dict]] = {}  # handed over, not yet delivered, by id (the loop's thread only)
+        self.epoch = 0  # groups of an earlier epoch were given up at `finish`: neither scored nor delivered
+        self.thread: threading.Thread | None = None
 
-    def score_group(self, group: Group, records: list[dict]) -> list[str | None]:
-        results = self.scorer.score([group.prompt] * len(records), [r["response_text"] for r in records])
+    def hand_off(self, group: Group, records: list[dict]) -> None:
+        if self.thread is None:
+            self.thread = threading.Thread(target=self._serve, name="reward", daemon=True)
+            self.thread.start()
+        self.outstanding[id(records)] = records
+        self.todo.put((self.epoch, group.prompt, records))
+
+    def _serve(self) -> None:
+        while True:
+            epoch, prompt, records = self.todo.get()
+            if epoch != self.epoch:
+                continue
+            with self.lock:
+                results = self.scorer.score([prompt] * len(records), [r["response_text"] for r in records])
+            self.done.put((epoch, records, results))
+
+    def check(self) -> None:
+        while True:
+            try:
+                epoch, records, results = self.done.get_nowait()
+            except queue.Empty:
+                return
+            if epoch != self.epoch:
+                continue
+            del self.outstanding[id(records)]
+            self._deliver(records, results)
+
+    def _deliver(self, records: list[dict], results: list) -> None:
+        failed = []
         for record, res in zip(records, results):
             record["reward"] = res.value
-            if res.error is None:
-                continue
-            if res.error.startswith("reward timed out"):
-                self.counters.reward_timeouts += 1
-            else:  # it raised, ended its process, or could not be built
-                self.counters.reward_errors += 1
-        return [res.error for res in results]
+            if res.error is not None:
+                failed.append(res.error)
+                record.update(status=Status.DROPPED_ERROR.value, status_reason=res.error)
+                if res.error.startswith("reward timed out"):
+                    self.counters.reward_timeouts += 1
+                else:  # it raised, ended its process, or could not be built
+                    self.counters.reward_errors += 1
+            record["t_scored"] = time.time()
+        if failed:
+            dropped(records, "a sample of its group failed")
+        self.streak(len(failed) == len(records), failed[-1] if failed else "")
+        self.put(records)
+
+    def finish(self, timeout_s: float) -> list[dict]:
+        """At stop: deliver what is scored within `timeout_s`; the groups still waiting or being scored are given up,
+        returned marked aborted (a call under way is let finish, its answer ignored)."""
+        deadline = time.monotonic() + timeout_s
+        while self.outstanding and time.monotonic() < deadline:
+            self.check()
+            if self.outstanding:
+                time.sleep(0.005)
+        records = [r for group in self.outstanding.values() for r in group]
+        self.outstanding.clear()
+        self.epoch += 1
+        for r in records:
+            r.update(status=Status.ABORTED_AT_END.value, status_reason="run stopped while its group was being scored")
+        return records
+
+    def __len__(self) -> int:
+        return len(self.outstanding)
 
     def score_texts(self, prompts: list[Prompt], responses: list[str]) -> list[float]:
-        results = self.scorer.score(prompts, responses)
+        with self.lock:
+            results = self.scorer.score(prompts, responses)
         if failed := next((res.error for res in results if res.error is not None), None):
             raise RuntimeError(f"reward {self.streak.reward!r}: {failed}")
         return [res.value for res in results]
