@@ -95,3 +95,39 @@ def test_a_lora_merge_that_never_reaches_the_engine_is_caught(ray_local, random_
         assert err.value.engine == 0 and ".q_proj." in err.value.mismatch.name
     finally:
         ctl.shutdown()
+
+
+def _freeze_in_load(actor) -> None:
+    """In a rollout worker's process: its next load stops the process (SIGSTOP) once the weights have arrived."""
+    import os
+    import signal
+
+    import asyncrl.actors.vllm_ext as ext
+
+    real = ext.reload_units
+
+    def frozen(runner, weights, units):
+        os.kill(os.getpid(), signal.SIGSTOP)
+        return real(runner, weights, units)
+
+    ext.reload_units = frozen
+
+
+def test_an_engine_frozen_during_a_weight_load_is_reported_and_replaced(ray_local, random_model_dir, tmp_path):
+    """The watchdog's first deadline is run.hang_first_s (20 s here): the frozen engine is named, replaced, and the
+    replacement loads the version."""
+    ctl = _controller(tmp_path, random_model_dir, "run.hang_first_s=20", "run.hang_floor_s=5")
+    try:
+        ray.get(ctl.workers[1].__ray_call__.remote(_freeze_in_load))
+        ctl.on_learners("train_step", fake_samples(), 0)
+        ctl.sync_weights()
+        settled = ctl.settle_weights()
+        [report] = ctl.fleet.watchdog
+        assert report.startswith("rollout worker 1 did not finish update_weights (receiving and loading version 1) in 2")
+        assert "the deadline was 20 s (the first weight load may take 20 s)" in report
+        assert ctl.fleet.rollout.restarts == 1 and settled["verified"] == 1.0
+        assert ray.get(ctl.workers[1].stats.remote()).version == 1
+        _train_and_sync(ctl, 1)  # the next sync's deadline comes from the loads measured: 5 s at least
+        assert ctl.fleet.sync.clock.deadline("weight load") >= 5 and len(ctl.fleet.watchdog) == 1
+    finally:
+        ctl.shutdown()

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
 
 import ray
 
@@ -111,7 +112,9 @@ class RolloutWorker:
 
     def update_weights(self, version: int, payload=None) -> LoadReport:
         """Blocks until the loop has received and loaded `version` (between two engine steps; with drain, once nothing runs)."""
-        return self._through_loop(Update(version, payload))
+        t0 = time.monotonic()
+        report = self._through_loop(Update(version, payload))
+        return dataclasses.replace(report, wall_s=time.monotonic() - t0)
 
     def _through_loop(self, update: Update) -> object:
         """Have the loop thread apply `update` between two engine steps (or apply it here when no loop runs)."""

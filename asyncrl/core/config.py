@@ -406,6 +406,12 @@ class LoggingConfig(_Section):
 class RunConfig(_Section):
     output_dir: str = Field("runs/default", min_length=1)
     """Run directory: config, metrics, trajectories, summary, final model."""
+    hang_factor: float = Field(10.0, gt=1)
+    """The watchdog: a weight load that takes longer than hang_factor x the longest of its recent ones (at least hang_floor_s; the first, hang_first_s) counts as hung, is reported naming the engine, and its rollout worker is replaced (docs/fault-tolerance.md)."""
+    hang_floor_s: float = Field(60.0, gt=0)
+    """The shortest deadline the watchdog sets (run.hang_factor)."""
+    hang_first_s: float = Field(900.0, gt=0)
+    """The watchdog's deadline for a stage it has not timed yet (the first weight load includes the engines' warm-up)."""
     steps: int = Field(20, ge=1)
     """Learner steps to train."""
     seed: int = 0

@@ -84,6 +84,7 @@ class LoadReport:
     bytes: int
     fingerprint: dict | None = None
     verify_s: float = 0.0
+    wall_s: float = 0.0  # from the worker's receiving the call to the load's end (its loop may first finish a step or a drain)
 
 
 @dataclass(frozen=True)

@@ -106,7 +106,7 @@ class Controller:
         return {
             "steps": steps_done, "stopped_by": "steps" if steps_done == cfg.run.steps else "time", "resumed_at_step": self.start_step or None, "wall_s": time.time() - t_start, "policy_version": self.version,
             **eval_summary(before, after),
-            "samples": buffer_counts, "rollout": [dataclasses.asdict(e) for e in ends], "rollout_restarts": self.fleet.rollout.restarts, "weight_mismatches": self.fleet.mismatches,
+            "samples": buffer_counts, "rollout": [dataclasses.asdict(e) for e in ends], "rollout_restarts": self.fleet.rollout.restarts, "weight_mismatches": self.fleet.mismatches, "watchdog": self.fleet.watchdog,
             "placement": self.fleet.placement, "bottleneck": dataclasses.asdict(bottleneck(history)),
         }
 

@@ -47,6 +47,7 @@ class Fleet:
         self.sync = WeightSync(self.learner_pool.actors, cfg)
         self.on_mismatch = cfg.learner.on_weight_mismatch
         self.mismatches = 0  # engines found serving other weights than were sent, over the run
+        self.watchdog: list[str] = []  # the watchdog's reports, over the run
         self.created_t = time.time()  # the actors exist (their engines may still be starting)
         self.version = 0  # the policy version last published
         self.on_replaced: Callable[[int], None] = lambda i: None  # told the index of every rollout worker replaced
@@ -87,6 +88,10 @@ class Fleet:
         settled = self.sync.collect()
         for i in settled.dead:  # rebuilds the group and publishes again, to everyone
             self.replace_worker(i, "died during a weight update")
+        for i, report in settled.hung:  # replaced as a dead one is: killed, its groups recorded, the group rebuilt
+            print(f"asyncrl: WATCHDOG {report}; replacing it", flush=True)
+            self.watchdog.append(report)
+            self.replace_worker(i, f"hung: {report}")
         self.mismatches += len(settled.mismatched)
         for m in settled.mismatched:
             print(f"asyncrl: WEIGHT MISMATCH {m}{' (sent twice)' if again else ''}; learner.on_weight_mismatch={self.on_mismatch}", flush=True)

@@ -12,11 +12,13 @@ pool), after which `connect` rebuilds the group around the new engine and `publi
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import ray
 
 from asyncrl.core.config import Config
+from asyncrl.core.deadlines import StageClock, hung_message
 from asyncrl.core.fingerprint import WeightMismatch, first_mismatch
 from asyncrl.core.messages import LoadReport, SentWeights
 from asyncrl.core.weights import group_name, new_secret
@@ -28,6 +30,7 @@ class Settled:
     whose served weights are not the sent ones (`learner.verify_weights`), and the verification's count and cost."""
     load_s: float = 0.0
     dead: list[int] = field(default_factory=list)
+    hung: list[tuple[int, str]] = field(default_factory=list)  # engines past the watchdog's deadline, and its report
     mismatched: list[WeightMismatch] = field(default_factory=list)
     verified: int = 0  # engines whose fingerprints were compared
     unverified: int = 0  # engines that could not fingerprint (SGLang, tensor parallelism)
@@ -65,6 +68,8 @@ class WeightSync:
         self.in_flight: list | None = None  # each engine's load of the version last published
         self.sent: SentWeights | None = None  # what the learner sent of it (its fingerprints)
         self.version, self.dtype = 0, "float32"
+        self.clock = StageClock(cfg.run.hang_factor, cfg.run.hang_floor_s, cfg.run.hang_first_s)  # the watchdog's
+        self.published_at = 0.0
 
     def connect(self, workers: list, host: str) -> None:
         """(Re)build the group of learner rank 0 and every engine, rendezvousing at `host`."""
@@ -86,6 +91,7 @@ class WeightSync:
         sends = [learner.send_weights.remote() for learner in self.learners]
         payload = ray.get(sends[0]).payload if self.transport == "cuda_ipc" else None
         self.in_flight = [w.update_weights.remote(version, payload) for w in workers]
+        self.published_at = time.monotonic()
         sent: SentWeights = ray.get(sends)[0]
         self.sent, self.version = sent, version
         return {"bytes": sent.bytes, "send_s": sent.seconds}
@@ -101,20 +107,28 @@ class WeightSync:
         if self.in_flight is None:
             return Settled()
         receivers, self.in_flight = self.in_flight, None
-        dead, errors, reports = [], [], {}
+        dead, errors, reports, hung = [], [], {}, []
+        deadline = self.published_at + self.clock.deadline("weight load")
         for i, ref in enumerate(receivers):
             try:
-                reports[i] = ray.get(ref)
+                reports[i] = ray.get(ref, timeout=max(0.0, deadline - time.monotonic()))
+            except ray.exceptions.GetTimeoutError:  # frozen, or stuck inside the load: the watchdog reports it
+                if i != skip:
+                    hung.append((i, hung_message(f"rollout worker {i}", "update_weights", time.monotonic() - self.published_at,
+                                                 self.clock, "weight load", f"receiving and loading version {self.version}")))
             except ray.exceptions.RayActorError:  # died mid-update
                 dead.append(i)
             except ray.exceptions.RayTaskError as exc:
                 errors.append(exc)
+        if reports:  # from the call's arrival to the load's end, waiting for the loop (a drain) included
+            self.clock.record("weight load", max(r.wall_s for r in reports.values()))
         if errors and not dead and skip is None:
             raise errors[0]
         ray.get(self.learner.weights_loaded.remote())  # e.g. the IPC snapshot, mapped and loaded by every engine, may go
         sent = self.sent
         settled = verify(self.version, sent.fingerprint if sent else None, reports, self.dtype, sent.fingerprint_s if sent else 0.0)
         settled.dead = [i for i in dead if i != skip]
+        settled.hung = hung
         settled.mismatched = [m for m in settled.mismatched if m.engine != skip]
         return settled
 
