@@ -2,10 +2,13 @@
 engine fingerprints what it serves (its linear layers through its own repacked kernels) and the learner compares:
 a clean sync matches, and a tensor garbled on one engine, or a LoRA merge that never reached the engine, is an error
 naming the engine, the version and the tensor; `learner.on_weight_mismatch` decides what follows."""
+import time
+
 import pytest
 import ray
 
 from asyncrl.core.config import load_config
+from asyncrl.core.deadlines import StageTimeout
 from asyncrl.core.fingerprint import WeightMismatch
 from asyncrl.core.models.cache import ModelSource
 from asyncrl.orchestration.controller import Controller
@@ -113,9 +116,10 @@ def _freeze_in_load(actor) -> None:
     ext.reload_units = frozen
 
 
-def test_an_engine_frozen_during_a_weight_load_is_reported_and_replaced(ray_local, random_model_dir, tmp_path):
+def test_the_watchdog_replaces_an_engine_frozen_in_a_load_and_stops_on_a_learner_frozen_mid_step(ray_local, random_model_dir, tmp_path):
     """The watchdog's first deadline is run.hang_first_s (20 s here): the frozen engine is named, replaced, and the
-    replacement loads the version."""
+    replacement loads the version. Then a learner rank frozen as its step begins stops the run, named, within the
+    deadline its earlier steps set (at least run.hang_floor_s)."""
     ctl = _controller(tmp_path, random_model_dir, "run.hang_first_s=20", "run.hang_floor_s=5")
     try:
         ray.get(ctl.workers[1].__ray_call__.remote(_freeze_in_load))
@@ -129,5 +133,27 @@ def test_an_engine_frozen_during_a_weight_load_is_reported_and_replaced(ray_loca
         assert ray.get(ctl.workers[1].stats.remote()).version == 1
         _train_and_sync(ctl, 1)  # the next sync's deadline comes from the loads measured: 5 s at least
         assert ctl.fleet.sync.clock.deadline("weight load") >= 5 and len(ctl.fleet.watchdog) == 1
+
+        ray.get(ctl.learner.__ray_call__.remote(_freeze_next_step))
+        deadline = ctl.fleet.learner_pool.clock.deadline("train_step")
+        t0 = time.monotonic()
+        with pytest.raises(StageTimeout, match=r"^learner rank 0 did not finish train_step in \d+ s: the deadline was \d+ s \(10 x its longest"):
+            ctl.on_learners("train_step", fake_samples(), 2)
+        assert deadline <= time.monotonic() - t0 < deadline + 10
     finally:
         ctl.shutdown()
+
+
+def _freeze_next_step(learner) -> None:
+    """In a learner rank's process: its next train_step stops the process (SIGSTOP) as it begins."""
+    import os
+    import signal
+
+    learner._ready()
+    real = learner.trainer.train_step
+
+    def frozen(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGSTOP)
+        return real(*args, **kwargs)
+
+    learner.trainer.train_step = frozen  # the actor's own methods are bound when it starts; its trainer's are not

@@ -407,7 +407,7 @@ class RunConfig(_Section):
     output_dir: str = Field("runs/default", min_length=1)
     """Run directory: config, metrics, trajectories, summary, final model."""
     hang_factor: float = Field(10.0, gt=1)
-    """The watchdog: a weight load that takes longer than hang_factor x the longest of its recent ones (at least hang_floor_s; the first, hang_first_s) counts as hung, is reported naming the engine, and its rollout worker is replaced (docs/fault-tolerance.md)."""
+    """The watchdog: a weight load, or a call on the learner ranks, that takes longer than hang_factor x the longest of its recent ones (at least hang_floor_s; the first, hang_first_s) counts as hung and is reported by name; a hung load's rollout worker is replaced, a hung learner call stops the run (docs/fault-tolerance.md)."""
     hang_floor_s: float = Field(60.0, gt=0)
     """The shortest deadline the watchdog sets (run.hang_factor)."""
     hang_first_s: float = Field(900.0, gt=0)

@@ -36,6 +36,10 @@ class StageClock:
         return f"{self.factor:g} x its longest of the last {len(past)} ({max(past):.2f} s), at least {self.floor_s:g} s"
 
 
+class StageTimeout(RuntimeError):
+    """A stage of the step loop ran past its deadline (the watchdog's report is the message)."""
+
+
 def hung_message(who: str, call: str, waited_s: float, clock: StageClock, stage: str, doing: str = "") -> str:
     """The watchdog's report: `rollout worker 1 did not finish update_weights (version 3, loading weights) in 62 s:
     the deadline was ... `."""

@@ -5,6 +5,7 @@ and rank 0's result stands for the group; rank 0 alone publishes the weights (we
 """
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import ray
@@ -13,6 +14,7 @@ from ray.util.placement_group import PlacementGroup
 from asyncrl.actors.learner import Learner
 from asyncrl.core.checkpoint import CHECKPOINT_HF_DIR
 from asyncrl.core.config import Config
+from asyncrl.core.deadlines import StageClock, StageTimeout, hung_message
 from asyncrl.core.weights import new_secret
 from asyncrl.orchestration.cluster import in_pool
 
@@ -23,13 +25,26 @@ class LearnerPool:
         l = cfg.learner
         opts = {"num_cpus": l.num_cpus, "num_gpus": l.num_gpus, "resources": l.resources}
         self.cfg = cfg
+        self.clock = StageClock(cfg.run.hang_factor, cfg.run.hang_floor_s, cfg.run.hang_first_s)  # the watchdog's
         self.model_path = model_paths[0]  # rank 0's: the tokenizer and config a saved policy is written with
         self.actors = [ray.remote(Learner).options(**opts, scheduling_strategy=in_pool(pg, i)).remote(cfg, model_paths[i], i)
                        for i in range(l.num_workers)]
 
     def call(self, method: str, *args):
-        """Call `method` on every learner rank (FSDP2: gathering or saving the weights is a collective); rank 0's result."""
-        return ray.get([getattr(a, method).remote(*args) for a in self.actors])[0]
+        """Call `method` on every learner rank (FSDP2: gathering or saving the weights is a collective); rank 0's result.
+        The watchdog (asyncrl.core.deadlines) gives each method a deadline from its own recent calls: a rank that has
+        not answered by then stops the run with a StageTimeout naming the ranks, the call and the deadline."""
+        refs = [getattr(a, method).remote(*args) for a in self.actors]
+        t0 = time.monotonic()
+        _, waiting = ray.wait(refs, num_returns=len(refs), timeout=self.clock.deadline(method))
+        if waiting:
+            ranks = [i for i, ref in enumerate(refs) if ref in waiting]
+            report = hung_message(f"learner rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}", method,
+                                  time.monotonic() - t0, self.clock, method)
+            print(f"asyncrl: WATCHDOG {report}; stopping the run (resume it from its last checkpoint)", flush=True)
+            raise StageTimeout(report)
+        self.clock.record(method, time.monotonic() - t0)
+        return ray.get(refs)[0]
 
     def init_group(self, host: str) -> None:
         """Join the ranks into one process group (several ranks shard the model), rendezvousing at `host`."""
