@@ -32,7 +32,7 @@ class StageClock:
         """How the deadline was set, in words."""
         past = self.seen.get(stage)
         if not past:
-            return f"the first {stage} may take {self.first_s:g} s"
+            return f"run.hang_first_s: {stage} not timed yet"
         return f"{self.factor:g} x its longest of the last {len(past)} ({max(past):.2f} s), at least {self.floor_s:g} s"
 
 

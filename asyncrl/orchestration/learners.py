@@ -19,6 +19,11 @@ from asyncrl.core.weights import new_secret
 from asyncrl.orchestration.cluster import in_pool
 
 
+WRITES = frozenset({"save", "save_checkpoint", "save_policy"})
+"""Calls that write to storage, whose time follows the disk's, not the last call's: the watchdog gives each
+run.hang_first_s."""
+
+
 class LearnerPool:
     def __init__(self, cfg: Config, pg: PlacementGroup, model_paths: list[str]) -> None:
         """learner.num_workers ranks, rank i in bundle i, reading the model from `model_paths[i]` (its node's copy)."""
@@ -36,14 +41,16 @@ class LearnerPool:
         not answered by then stops the run with a StageTimeout naming the ranks, the call and the deadline."""
         refs = [getattr(a, method).remote(*args) for a in self.actors]
         t0 = time.monotonic()
-        _, waiting = ray.wait(refs, num_returns=len(refs), timeout=self.clock.deadline(method))
+        deadline = self.clock.first_s if method in WRITES else self.clock.deadline(method)
+        _, waiting = ray.wait(refs, num_returns=len(refs), timeout=deadline)
         if waiting:
             ranks = [i for i, ref in enumerate(refs) if ref in waiting]
             report = hung_message(f"learner rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}", method,
                                   time.monotonic() - t0, self.clock, method)
             print(f"asyncrl: WATCHDOG {report}; stopping the run (resume it from its last checkpoint)", flush=True)
             raise StageTimeout(report)
-        self.clock.record(method, time.monotonic() - t0)
+        if method not in WRITES:
+            self.clock.record(method, time.monotonic() - t0)
         return ray.get(refs)[0]
 
     def init_group(self, host: str) -> None:
