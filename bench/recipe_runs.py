@@ -80,6 +80,8 @@ def main() -> None:
     parser.add_argument("--resume", action="store_true",
                         help="take the runs this same job finished in --keep before; run the others (an unfinished one again, from its start)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    parser.add_argument("--run-hours", type=float, default=6.0,
+                        help="a run's time limit (the function-calling recipe took over 2 h beside other work)")
     args = parser.parse_args()
     start = provenance(sys.argv[1:])
     name = "recipe_runs_" + Path(args.config).stem
@@ -101,7 +103,7 @@ def main() -> None:
             run_dir.rename(run_dir.with_name(f"{run_dir.name}.stopped-{int(time.time())}"))  # kept, out of the way
         print(f"recipe_runs: {command}", flush=True)
         began = provenance(sys.argv[1:])
-        run_asyncrl(Path(args.config), overrides)
+        run_asyncrl(Path(args.config), overrides, timeout_s=args.run_hours * 3600)
         summary = json.loads((run_dir / "summary.json").read_text())
         metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
         runs.append({**run_record(summary, metrics, seed, command), "date": began["date"], "commit": began["commit"],

@@ -77,10 +77,11 @@ QUIET = ("run.eval=false", "logging.wandb=false", "logging.console=false", "run.
 """Overrides of a benchmark's asyncrl run: no evaluation, logging or checkpoints, no time limit (steps end it)."""
 
 
-def run_asyncrl(config: Path, overrides: list[str]) -> None:
-    """Run `python -m asyncrl.run --config config *overrides` in the repo; a RuntimeError with its stderr's tail if it fails."""
+def run_asyncrl(config: Path, overrides: list[str], timeout_s: float = 7200) -> None:
+    """Run `python -m asyncrl.run --config config *overrides` in the repo; a RuntimeError with its stderr's tail if it
+    fails; subprocess.TimeoutExpired past `timeout_s`."""
     proc = subprocess.run([sys.executable, "-m", "asyncrl.run", "--config", str(config), *overrides],
-                          cwd=ROOT, capture_output=True, text=True, timeout=7200)
+                          cwd=ROOT, capture_output=True, text=True, timeout=timeout_s)
     if proc.returncode != 0:
         raise RuntimeError(f"run failed ({Path(config).name} {' '.join(overrides)}):\n{proc.stderr[-3000:]}")
 
