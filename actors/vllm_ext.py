@@ -107,8 +107,11 @@ class WeightSyncExtension:
         reload_units(self.model_runner, self._asyncrl_receiver.receive(payload), self._asyncrl_units)  # type: ignore[attr-defined]
         return self._asyncrl_receiver.nbytes
 
-    def asyncrl_fingerprint(self) -> dict[str, torch.Tensor]:
-        """The fingerprints of the weights this worker serves, for every tensor a sync sends (`served_fingerprints`)."""
+    def asyncrl_fingerprint(self) -> dict[str, torch.Tensor] | None:
+        """The fingerprints of the weights this worker serves, for every tensor a sync sends (`served_fingerprints`);
+        None before this worker joined a weight sync (it knows no sync's tensors)."""
+        if getattr(self, "_asyncrl_meta", None) is None:
+            return None
         runner = self.model_runner  # type: ignore[attr-defined]
         return served_fingerprints(runner.get_model(), self._asyncrl_meta, runner.vllm_config.model_config.dtype, self.device)  # type: ignore[attr-defined]
 
