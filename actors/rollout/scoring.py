@@ -64,6 +64,10 @@ class _Local:
                 failed.append(reason)
                 record.update(status=Status.DROPPED_ERROR.value, status_reason=reason)
             record["t_scored"] = time.time()
+        self.deliver(records, failed)
+
+    def deliver(self, records: list[dict], failed: list[str]) -> None:
+        """Put a scored group (`failed`: the reasons of its samples without a reward; any drops the whole group)."""
         if failed:
             dropped(records, "a sample of its group failed")
         self.streak(len(failed) == len(records), failed[-1] if failed else "")
@@ -140,10 +144,7 @@ class InLoopScoring(_Local):
                 else:  # it raised, ended its process, or could not be built
                     self.counters.reward_errors += 1
             record["t_scored"] = time.time()
-        if failed:
-            dropped(records, "a sample of its group failed")
-        self.streak(len(failed) == len(records), failed[-1] if failed else "")
-        self.put(records)
+        self.deliver(records, failed)
 
     def finish(self, timeout_s: float) -> list[dict]:
         """At stop: deliver what is scored within `timeout_s`; the groups still waiting or being scored are given up,
