@@ -94,7 +94,7 @@ def test_sigkill_mid_run_then_resume(tiny_model_dir, tmp_path, scoring):
     cmd = [sys.executable, "-m", "asyncrl.run", "--config", "configs/smoke.yaml", f"run.output_dir={out}", f"model.path={tiny_model_dir}",
            f"run.steps={steps}", "run.checkpoint_every=3", "run.eval=false", "learner.delay_s=0.5", "buffer.store_flush_s=0.2",
            "algorithm.filter_zero_variance=true", *pool]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, env=tagged(out))
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and not (out / "checkpoints" / "step-000006").is_dir():
         time.sleep(0.2)
@@ -104,9 +104,9 @@ def test_sigkill_mid_run_then_resume(tiny_model_dir, tmp_path, scoring):
     assert not (out / "summary.json").exists()
     if scoring != "in_loop":  # the scoring or tool children (each in its own session) die with their actors
         deadline = time.monotonic() + 20
-        while scoring_children() and time.monotonic() < deadline:
+        while scoring_children(out) and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert scoring_children() == []
+        assert scoring_children(out) == []
     before_kill = metric_steps(out)
     state = read_state(latest_checkpoint(out))  # read now: the resumed run prunes old checkpoints
     resumed_at = state["next_step"]

@@ -23,7 +23,7 @@ from asyncrl.core.messages import GroupId
 from asyncrl.core.schema import new_sample
 from asyncrl.core.store import read_trajectories
 from asyncrl.core.prompts import Prompt
-from tests.test_e2e import ROOT, actor_processes, tagged
+from tests.test_e2e import ROOT, RUN_TAG, actor_processes, tagged
 from tests.test_scoring import alive
 
 GROUP = 4
@@ -185,9 +185,10 @@ def test_eval_scores_come_from_the_pool_and_a_failure_is_an_error(pool):
 
 # ---- slow: the whole pipeline with a pool ---------------------------------------------------------
 
-def scoring_children() -> list[int]:
+def scoring_children(tag: Path | str | None = None) -> list[int]:
     """Pids of live multiprocessing children (asyncrl starts only the reward pool's scoring processes and an
-    environment's tool processes)."""
+    environment's tool processes); with `tag`, only those of the run started with tagged(tag) (their environment
+    holds its tag), so that another run on the machine does not count."""
     found = []
     for proc in os.listdir("/proc"):
         if not proc.isdigit():
@@ -195,6 +196,10 @@ def scoring_children() -> list[int]:
         try:
             with open(f"/proc/{proc}/cmdline", "rb") as f:
                 cmd = f.read().replace(b"\0", b" ").decode()
+            if tag is not None:
+                with open(f"/proc/{proc}/environ", "rb") as f:
+                    if f"{RUN_TAG}={tag}".encode() not in f.read().split(b"\0"):
+                        continue
         except OSError:
             continue
         if "multiprocessing.spawn" in cmd and "spawn_main" in cmd and alive(int(proc)):
@@ -204,7 +209,6 @@ def scoring_children() -> list[int]:
 
 @pytest.mark.slow
 def test_a_run_with_hung_and_crashing_rewards_finishes_with_every_sample_recorded_once(tiny_model_dir, tmp_path):
-    before = set(scoring_children())
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "asyncrl.run", "--config", "configs/smoke.yaml", f"run.output_dir={out}", f"model.path={tiny_model_dir}",
            "run.steps=8", "run.eval=false", "reward.num_workers=2", "reward.num_cpus=0.5", "task.reward=tests.reward_fns.faulty_exact_match",
@@ -235,9 +239,9 @@ def test_a_run_with_hung_and_crashing_rewards_finishes_with_every_sample_recorde
     logged = {re.sub(r"/w\d+/", "/w<i>/", k) for row in metrics for k in row if "/" in k}
     assert not logged - documented, f"add these to docs/metrics.md: {sorted(logged - documented)}"
     deadline = time.monotonic() + 20
-    while (actor_processes(out) or set(scoring_children()) - before) and time.monotonic() < deadline:
+    while (actor_processes(out) or scoring_children(out)) and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert actor_processes(out) == [] and set(scoring_children()) - before == set()  # nothing left running
+    assert actor_processes(out) == [] and scoring_children(out) == []  # nothing left running
 
 
 @pytest.mark.slow
