@@ -15,6 +15,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "inspect": ("asyncrl.inspect", "see inside a run directory: samples by status, lengths, reward by version, bottleneck"),
     "plot": ("asyncrl.plot", "plot a run directory's metrics to PNG"),
     "export": ("asyncrl.export", "write a Hugging Face model directory (and a LoRA adapter) from a run's checkpoint"),
+    "scale": ("asyncrl.scale", "resize a running job's rollout pool: RUN N (none: print the pool's state)"),
+    "stop": ("asyncrl.stop", "end a running job after the step under way: weights published, checkpoint, evaluation, summary"),
 }
 
 

@@ -40,6 +40,7 @@ class GenerationLoop:
         self.evals = LiveEvals()
         self.trace: deque[tuple[float, int]] = deque(maxlen=TRACE_LIMIT)  # (wall time, requests in the engine) per step
         self.next_admit = self.next_check = 0.0
+        self.admitting = True  # false once the worker is being removed from the pool: it finishes what it holds
 
     @property
     def version(self) -> int:
@@ -88,7 +89,7 @@ class GenerationLoop:
             self.flight.start_groups(admitted)
             self.next_admit = time.monotonic() + (0.0 if admitted else 0.005)
         room = self.max_inflight - len(self.flight)
-        if room > 0 and not self.link.asking and time.monotonic() >= self.next_admit:
+        if room > 0 and self.admitting and not self.link.asking and time.monotonic() >= self.next_admit:
             self.link.ask(room, self.version)
 
     def step(self) -> None:
@@ -157,9 +158,10 @@ class GenerationLoop:
 
     # ---- the end ------------------------------------------------------------------------
 
-    def stop(self, granted: int, why: str) -> list[dict]:
+    def stop(self, granted: int, why: str, reason: str = "run stopped while its group was generating") -> list[dict]:
         """The loop has stopped: start the `granted` groups of the last admission, end the evaluations (`why`), abort
-        what runs; returns the records of every group in flight, marked aborted (what each sample had sampled kept)."""
+        what runs; returns the records of every group in flight, marked aborted_at_end with `reason` (what each
+        sample had sampled kept)."""
         flight = self.flight
         flight.start_groups(granted)
         self.evals.end(self.engine, why)
@@ -174,5 +176,5 @@ class GenerationLoop:
             records += flight.records(group)
         flight.groups.clear()
         for r in records:
-            r.update(status="aborted_at_end", status_reason="run stopped while its group was generating")
+            r.update(status="aborted_at_end", status_reason=reason)
         return records

@@ -89,6 +89,7 @@ class RolloutWorker:
                                    verify=cfg.learner.verify_weights)
         self.stop_flag = threading.Event()
         self.thread: threading.Thread | None = None
+        self.stopping = threading.Lock()  # stop() and retire() may come from two of Ray's threads at once
 
     # ---- lifecycle, called by the controller ----------------------------------------------
 
@@ -141,18 +142,33 @@ class RolloutWorker:
         trace = self.loop.trace
         return [trace.popleft() for _ in range(len(trace))]  # deque: safe against the loop's appends
 
-    def stop(self) -> WorkerStats:
-        """Stop the loop; in-flight samples are recorded as aborted. Returns counters."""
-        self.stop_flag.set()
-        if self.thread is not None:
-            self.thread.join()
-            self.thread = None
-        records = self.loop.stop(self.link.release(), f"rollout worker {self.id} stopped during an evaluation")
-        if self.agents is not None:  # the agents still running are killed; the endpoint stays up (evaluation)
-            self.agents.reset()
-        records += self.scoring.finish(self.cfg.task.reward_timeout_s * 2 + 30)
-        self.link.record_final(records)
-        return self.stats()
+    def stop(self, reason: str = "run stopped while its group was generating") -> WorkerStats:
+        """Stop the loop; in-flight samples are recorded as aborted_at_end with `reason`. Returns counters."""
+        with self.stopping:
+            self.stop_flag.set()
+            if self.thread is not None:
+                self.thread.join()
+                self.thread = None
+            records = self.loop.stop(self.link.release(), f"rollout worker {self.id} stopped during an evaluation", reason)
+            if self.agents is not None:  # the agents still running are killed; the endpoint stays up (evaluation)
+                self.agents.reset()
+            records += self.scoring.finish(self.cfg.task.reward_timeout_s * 2 + 30)
+            self.link.record_final(records)
+            return self.stats()
+
+    def retire(self, timeout_s: float) -> WorkerStats:
+        """This worker leaves the pool (asyncrl scale, rollout.autoscale): it admits nothing more and goes on
+        generating, scoring and delivering the groups it holds, for up to `timeout_s`; then it stops, and what it
+        still held is recorded as aborted_at_end naming the removal. It keeps loading the weights it is sent
+        meanwhile (it is in the weight group until the fleet re-forms it without this worker)."""
+        self.loop.admitting = False
+        deadline = time.monotonic() + timeout_s
+        thread = self.thread
+        while (thread is not None and thread.is_alive() and time.monotonic() < deadline
+               and (len(self.flight) or len(self.scoring) or self.link.asking)):
+            time.sleep(0.05)
+        return self.stop(f"rollout worker {self.id} was removed from the pool before its group finished "
+                         f"(rollout.retire_timeout_s={timeout_s:g})")
 
     # ---- evaluation and inspection ---------------------------------------------------------
 

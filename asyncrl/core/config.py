@@ -194,9 +194,24 @@ class RolloutConfig(_Section):
     """Engines schedule requests by the version of their oldest token, older first (vLLM's priority policy, SGLang's priority scheduling), so that where requests wait for room, old ones finish before they go stale; false: first come, first served."""
     max_restarts: int = Field(3, ge=0)
     """Rollout worker replacements allowed per run: a worker whose process dies is replaced (its unfinished groups are recorded as dropped_error with the reason); past this many the run stops."""
+    min_workers: int = Field(1, ge=1)
+    """The fewest rollout workers the pool may shrink to while the run goes (`asyncrl scale RUN N`, rollout.autoscale; docs/elastic.md)."""
+    max_workers: int = Field(0, ge=0)
+    """The most rollout workers the pool may grow to while the run goes; 0: no bound but the cluster's (rollout.autoscale needs one). A local cluster started by the run reserves CPUs for this many."""
+    autoscale: bool = False
+    """Follow the bottleneck verdict within [rollout.min_workers, rollout.max_workers]: a worker is added while the run is generation-bound, one removed while it is training-bound, judged over rollout.autoscale_window steps, one change at a time."""
+    autoscale_window: int = Field(4, ge=2)
+    """Steps the autoscaler judges the bottleneck over, and waits after a change before judging again."""
+    retire_timeout_s: float = Field(300.0, gt=0)
+    """A rollout worker removed from the pool admits nothing more and finishes the groups it holds, for up to this long; what it still generates then is recorded as aborted_at_end, naming the removal."""
 
     @model_validator(mode="after")
     def _rules(self) -> RolloutConfig:
+        hi = self.max_workers or None
+        _check(hi is None or hi >= self.min_workers, "rollout.max_workers", f"must be 0 (no bound) or >= rollout.min_workers ({self.max_workers} < {self.min_workers})")
+        _check(self.min_workers <= self.num_workers <= (hi or self.num_workers), "rollout.num_workers",
+               f"must lie within [rollout.min_workers, rollout.max_workers] = [{self.min_workers}, {self.max_workers or 'no bound'}] (got {self.num_workers})")
+        _check(not self.autoscale or hi is not None, "rollout.autoscale", "needs rollout.max_workers > 0: the most workers it may add")
         _check(not self.keep_kv or (self.weight_update == "keep" and self.engine == "vllm"), "rollout.keep_kv",
                f"keeps running requests' KV across a load: it needs rollout.weight_update=keep and rollout.engine=vllm "
                f"(got {self.weight_update}, {self.engine})")

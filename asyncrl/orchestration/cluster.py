@@ -83,7 +83,7 @@ def connect_ray(cfg: Config) -> bool:
     if address:
         ray.init(address=address, runtime_env=runtime_env, logging_level="WARNING")
         return False
-    need = cfg.rollout.num_workers * cfg.rollout.num_cpus + cfg.learner.num_workers * cfg.learner.num_cpus + cfg.reward.num_workers * cfg.reward.num_cpus
+    need = max(cfg.rollout.num_workers, cfg.rollout.max_workers) * cfg.rollout.num_cpus + cfg.learner.num_workers * cfg.learner.num_cpus + cfg.reward.num_workers * cfg.reward.num_cpus
     ray.init(address="local", num_cpus=max(os.cpu_count() or 1, math.ceil(need)), runtime_env=runtime_env,
              logging_level="WARNING", include_dashboard=False)
     return True

@@ -35,6 +35,7 @@ from asyncrl.core.rewards import make_reward
 from asyncrl.core.tasks import make_task
 from asyncrl.orchestration.checkpointing import Checkpoints
 from asyncrl.orchestration.cluster import check_reachable, connect_ray, requested_address
+from asyncrl.orchestration.elastic import RunCommands
 from asyncrl.orchestration.fleet import Fleet
 from asyncrl.orchestration.meter import StepMeter, raise_errors
 from asyncrl.orchestration.step_metrics import batch_histograms, timing_metrics
@@ -53,6 +54,8 @@ class Controller:
         self.learner = self.learners[0]  # rank 0 publishes weights and saves
         self.meter = StepMeter(cfg, run_dir, self.buffer, self.fleet.rewards, since=self.fleet.created_t)
         self.fleet.on_replaced = self.meter.forget
+        self.fleet.on_left = self.meter.left
+        self.commands = RunCommands(cfg, run_dir, self.run_id, self.fleet.elastic)  # asyncrl scale / stop, rollout.autoscale
         self.validation = Validation(cfg)
         self.checkpoints = Checkpoints(cfg, run_dir, self.buffer, self.fleet.learner_pool, self.fleet.rollout)
         self.non_finite_streak = 0
@@ -91,6 +94,8 @@ class Controller:
                 if self.final:  # nothing follows to overlap it with: its scores are the final evaluation
                     history[-1].update(self.validation.finish())
             sink.log(history[-1], histograms=self.meter.histograms)
+            if cfg.rollout.autoscale:
+                self.commands.autoscale(step, history)
             if every and (steps_done % every == 0 or self.final):
                 self.checkpoint(steps_done)
             if cfg.run.snapshot_every and (steps_done % cfg.run.snapshot_every == 0 or self.final):
@@ -104,21 +109,23 @@ class Controller:
         after = self.validation.evaluate(self.workers, self.version)
         self.on_learners("save", str(self.run_dir / "final_model"), self.fleet.learner_pool.model_path)
         return {
-            "steps": steps_done, "stopped_by": "steps" if steps_done == cfg.run.steps else "time", "resumed_at_step": self.start_step or None, "wall_s": time.time() - t_start, "policy_version": self.version,
+            "steps": steps_done, "stopped_by": "steps" if steps_done == cfg.run.steps else "command" if self.commands.stopped else "time", "resumed_at_step": self.start_step or None, "wall_s": time.time() - t_start, "policy_version": self.version,
             **eval_summary(before, after),
             "samples": buffer_counts, "rollout": [dataclasses.asdict(e) for e in ends], "rollout_restarts": self.fleet.rollout.restarts, "weight_mismatches": self.fleet.mismatches, "watchdog": self.fleet.watchdog,
+            "rollout_workers": len(self.workers), "pool_changes": [c.record() for c in self.fleet.elastic.changes],
             "placement": self.fleet.placement, "bottleneck": dataclasses.asdict(bottleneck(history)),
         }
 
     def step(self, step: int) -> dict:
         """Wait for a batch, train on it, publish the weights every learner.sync_every steps, measure."""
         t0 = time.perf_counter()
+        self.fleet.step = step
         batch = self.next_batch(step)
         waited = time.perf_counter() - t0
         batch_ref = ray.put(batch)  # one copy in the object store, whatever the number of learner workers
         metrics = self.on_learners("train_step", batch_ref, self.version)
         self.check_non_finite(step, metrics)
-        self.final = step == self.cfg.run.steps - 1 or self.out_of_time()  # the last step publishes its weights
+        self.final = step == self.cfg.run.steps - 1 or self.out_of_time() or self.commands.stop_asked()  # the last step publishes its weights
         sync = {"seconds": 0.0, "bytes": 0, "settle_s": 0.0, "send_s": 0.0, "load_s": 0.0}
         if (step + 1) % self.cfg.learner.sync_every == 0 or self.final:
             sync = self.sync_weights()
@@ -135,6 +142,7 @@ class Controller:
         metrics.update(self.meter.engine_trace(step, self.workers))
         metrics.update(sync.get("eval", {}))  # a validation started after an earlier step, finished before this step's publish
         metrics.update({"step": step, "policy_version": self.version, **timing_metrics(step_s, waited, compute_s, sync), **self.meter.totals(metrics)})
+        metrics.update(self.commands.step(step, sync.get("pool_s", 0.0)))
         self.meter.histograms = batch_histograms(batch, self.version)
         return metrics
 
@@ -191,7 +199,7 @@ class Controller:
         the learner trains on meanwhile, and the next publish waits for the scores, so one version is evaluated."""
         t0 = time.perf_counter()
         self.settle_weights()
-        self.validation.start(self.workers, self.version, t0)
+        self.validation.start(self.fleet.elastic.serving, self.version, t0)
 
     # ---- state ----------------------------------------------------------------------------
 
@@ -212,6 +220,7 @@ class Controller:
         return self.fleet.learner_pool.call(method, *args)
 
     def shutdown(self) -> None:
+        self.commands.close()
         self.fleet.shutdown()
 
 

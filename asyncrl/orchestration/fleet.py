@@ -5,6 +5,12 @@ their own placement group, with the model on every node they landed on (cluster.
 rank 0 and every engine (weight_sync.py): a version is published without waiting for the engines to load it, and at
 most one is in flight. A rollout worker whose process died is replaced where it stopped (pools.py), the group is
 rebuilt around the replacement, and it gets the current version. When to publish is the controller's.
+
+The rollout pool grows and shrinks while the run goes (`want`; asyncrl.core.elastic), one change at a time and at
+the top. A new worker starts on a thread while the run goes on; a removed one stops admitting and finishes what
+it holds. Both take effect at a version boundary (`publish_next`): the weight group is re-formed with the workers
+serving from then on and the version about to be published reaches all of them in the same broadcast, so no
+engine is left on another version and nothing is sent twice; a joiner starts generating once it has loaded it.
 """
 from __future__ import annotations
 
@@ -23,6 +29,7 @@ from asyncrl.core.messages import WorkerStats
 from asyncrl.core.models.cache import ModelSource
 from asyncrl.orchestration.cluster import bundle_nodes, place_model, resource_pool
 from asyncrl.orchestration.learners import LearnerPool
+from asyncrl.orchestration.elastic import ElasticPool
 from asyncrl.orchestration.pools import RewardPool, RolloutPool
 from asyncrl.orchestration.weight_sync import WeightSync
 
@@ -50,7 +57,10 @@ class Fleet:
         self.watchdog: list[str] = []  # the watchdog's reports, over the run
         self.created_t = time.time()  # the actors exist (their engines may still be starting)
         self.version = 0  # the policy version last published
-        self.on_replaced: Callable[[int], None] = lambda i: None  # told the index of every rollout worker replaced
+        self.on_replaced: Callable[[int], None] = lambda i: None  # told the index of every rollout worker replaced or removed
+        self.on_left: Callable[[WorkerStats], None] = lambda stats: None  # told a removed worker's last counters
+        self.elastic = ElasticPool(cfg, self.rollout, model, gone=lambda i: self.on_replaced(i), left=lambda st: self.on_left(st))
+        self.step = 0  # the learner step under way (the controller's; for the pool changes' records)
         self.placement = {
             "learner_nodes": ray.get([a.node_id.remote() for a in self.learner_pool.actors]),
             "rollout_nodes": ray.get([w.node_id.remote() for w in self.workers]),
@@ -67,14 +77,30 @@ class Fleet:
         self.sync.connect(self.workers, self.rendezvous())
 
     def publish_next(self) -> dict:
-        """Settle the version in flight (`settle_weights`), then publish the learner's weights as the next version
-        without waiting for the engines to load it: `seconds` on the caller's path, `settle_s` of it settling."""
+        """Settle the version in flight (`settle_weights`), let the pool's joiners and leavers change places (the
+        weight group re-formed), then publish the learner's weights as the next version without waiting for the
+        engines to load it (a joiner's load is waited for: it starts generating on it): `seconds` on the caller's
+        path, `settle_s` of it settling, `pool_s` changing the pool."""
         t0 = time.perf_counter()
         settled = self.settle_weights()
         waited = time.perf_counter() - t0
+        change = self.elastic.change
+        joined, regroup = self.elastic.boundary(self.step)
+        if regroup:
+            self.placement["rollout_nodes"] = ray.get([w.node_id.remote() for w in self.workers])  # where to rendezvous
+            self.connect()
+        pool_s = time.perf_counter() - t0 - waited
         self.version += 1
         sent = self._publish()
-        return {"seconds": time.perf_counter() - t0, "settle_s": waited, **settled, **sent}
+        if joined:
+            t1 = time.perf_counter()
+            self.settle_weights()
+            ray.get([self.workers[i].start.remote() for i in joined])
+            self.elastic.change_done(self.step)
+            pool_s += time.perf_counter() - t1
+        if change is not None:
+            change.boundary_s += pool_s
+        return {"seconds": time.perf_counter() - t0, "settle_s": waited, "pool_s": pool_s, **settled, **sent}
 
     def _publish(self) -> dict:
         sent = self.sync.publish(self.workers, self.version)
@@ -118,7 +144,16 @@ class Fleet:
 
     def replace_worker(self, i: int, why: str) -> None:
         """Rollout worker i is gone: record what it took with it, start a replacement where it stopped, rebuild the
-        weight group around it and give it the current version."""
+        weight group around it and give it the current version. The worker being removed from the pool is not
+        replaced: it leaves (ElasticPool.leave)."""
+        if self.elastic.is_retiring(i):
+            self.sync.collect(skip=i)
+            self.elastic.leave(f"rollout worker {i} died while being removed from the pool ({why})", self.step)
+            self.placement["rollout_nodes"] = self.placement["rollout_nodes"][:i]
+            self.connect()
+            self._publish()  # a broadcast it broke reached none of the others: they get the version again
+            self.settle_weights()
+            return
         self.rollout.retire(i, why)
         self.sync.collect(skip=i)  # the others finish loading the version in flight before the group is rebuilt
         if not self.rollout.restart(i, why):
@@ -136,6 +171,7 @@ class Fleet:
         return "127.0.0.1" if one_node else ray.get(self.learner_pool.actors[0].node_ip.remote())
 
     def shutdown(self) -> None:
+        self.elastic.shutdown()
         self.rewards.close()
         for actor in [*self.workers, *self.learner_pool.actors, *self.rewards.actors, self.buffer]:
             ray.kill(actor)

@@ -22,6 +22,7 @@ class StepMeter:
         self.group_size, self.run_dir, self.buffer, self.rewards = cfg.rollout.group_size, run_dir, buffer, rewards
         self.tokens_t = since  # when the workers' counters were read last
         self.worker_seen: dict[int, dict] = {}  # worker id -> counters at the previous step
+        self.gone: list[WorkerStats] = []  # the last counters of workers removed from the pool (the totals keep them)
         self.reward_seen: dict[int, RewardStats] = {}  # reward actor id -> its counters at the previous step
         self.trained_total, self.learner_compute_total = 0, 0.0  # checkpointed: a resumed run continues them
         self.histograms: dict[str, list[float]] = {}  # the last batch's (step_metrics.batch_histograms)
@@ -30,13 +31,17 @@ class StepMeter:
         """The rollout and buffer metrics from every worker's counters (`stats`) and the buffer's."""
         now = time.time()
         buf = ray.get(self.buffer.stats.remote())
-        metrics, self.worker_seen = rollout_metrics(stats, buf, self.worker_seen, now - self.tokens_t, restarts, self.group_size)
+        metrics, self.worker_seen = rollout_metrics(stats, buf, self.worker_seen, now - self.tokens_t, restarts, self.group_size, self.gone)
         self.tokens_t = now
         return metrics
 
     def forget(self, worker: int) -> None:
-        """Worker `worker` was replaced: its counters start again from 0."""
+        """Worker `worker` was replaced or removed: its counters start again from 0."""
         self.worker_seen.pop(worker, None)
+
+    def left(self, stats: WorkerStats) -> None:
+        """A worker removed from the pool stopped with these counters: the run's totals keep them."""
+        self.gone.append(stats)
 
     def reward(self) -> dict:
         """The reward pool's step metrics (none without a pool)."""

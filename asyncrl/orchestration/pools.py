@@ -2,26 +2,50 @@
 reward actors in theirs.
 
 A dead worker is reported by `stats`; `retire` and `restart` replace it where it stopped (its lost groups are
-recorded by the buffer, the replacement continues its prompt stream and group numbering). What the replacement
-needs from the weight sync (the group rebuilt, the current version) is arranged by the fleet (asyncrl/orchestration/fleet.py).
+recorded by the buffer, the replacement continues its prompt stream and group numbering). The pool also grows and
+shrinks at the top (asyncrl.core.elastic): `launch` starts worker n on a thread (its own placement group beyond
+the starting pool's bundles, the model placed on its node, its engine up) and `leave` ends a removed worker's
+life once it has finished what it held. What a worker needs from the weight sync (the group re-formed, the current
+version) is arranged by the fleet (asyncrl/orchestration/fleet.py).
 """
 from __future__ import annotations
 
+import threading
+import time
+from dataclasses import dataclass, field
+
 import ray
-from ray.util.placement_group import PlacementGroup
+from ray.util.placement_group import PlacementGroup, remove_placement_group
 
 from asyncrl.actors.engines import engine_runtime_env
 from asyncrl.actors.reward import RewardWorker
 from asyncrl.actors.rollout import RolloutWorker
 from asyncrl.core.config import Config
 from asyncrl.core.messages import RewardStats, WorkerStats
-from asyncrl.orchestration.cluster import in_pool
+from asyncrl.core.models.cache import ModelSource
+from asyncrl.orchestration.cluster import bundle_nodes, in_pool, place_model, resource_pool
+
+
+@dataclass
+class Launch:
+    """Worker `index` being started for the pool on a thread: `done` once its engine is up (`worker`) or it
+    could not be (`error`)."""
+    index: int
+    started: float = field(default_factory=time.monotonic)
+    done: threading.Event = field(default_factory=threading.Event)
+    worker: object = None
+    error: str | None = None
+    abandoned: bool = False  # the fleet gave up on it: a worker that comes up later is killed
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 class RolloutPool:
     def __init__(self, cfg: Config, pg: PlacementGroup, model_paths: list[str], buffer, run_id: str, cursors: dict[int, int],
                  scorers: list | None = None) -> None:
-        self.cfg, self.pg, self.model_paths, self.buffer, self.run_id = cfg, pg, model_paths, buffer, run_id
+        self.cfg, self.pg, self.buffer, self.run_id = cfg, pg, buffer, run_id
+        # per worker index: (placement group, bundle, the model's directory on that bundle's node); the starting
+        # pool's bundles stay reserved while the pool is smaller, an added worker's own group goes with it
+        self.places: dict[int, tuple[PlacementGroup, int, str]] = {i: (pg, i, path) for i, path in enumerate(model_paths)}
         self.scorers = scorers or []  # the reward pool's actors, handed to every worker (and to replacements)
         self.cursors = cursors  # prompts drawn per worker before this process (a resumed run)
         self.cursor_offsets: dict[int, int] = {}  # prompts drawn in this process by worker i's earlier incarnations
@@ -30,12 +54,83 @@ class RolloutPool:
 
     def _new(self, i: int, cursor: int, first_group: int):
         r = self.cfg.rollout
+        pg, bundle, model_path = self.places[i]
         opts = {"num_cpus": r.num_cpus, "num_gpus": r.num_gpus, "resources": r.resources, "max_concurrency": 4}
         runtime_env = engine_runtime_env(r.engine, on_gpu=r.num_gpus > 0)
         if runtime_env:  # merged by Ray over the job's runtime_env (its working_dir, env_vars)
             opts["runtime_env"] = runtime_env
-        return (ray.remote(RolloutWorker).options(**opts, scheduling_strategy=in_pool(self.pg, i))
-                .remote(i, self.cfg, self.model_paths[i], self.buffer, self.run_id, cursor, first_group, self.scorers))
+        return (ray.remote(RolloutWorker).options(**opts, scheduling_strategy=in_pool(pg, bundle))
+                .remote(i, self.cfg, model_path, self.buffer, self.run_id, cursor, first_group, self.scorers))
+
+    # ---- growing and shrinking at the top (asyncrl.core.elastic) ----------------------------------
+
+    def launch(self, i: int, model: ModelSource) -> Launch:
+        """Start worker `i` (the next index) on a thread: placed (its own placement group past the starting pool's
+        bundles, waiting up to run.hang_first_s for room), the model on its node, the engine up. It continues worker
+        i's prompt stream and group numbering if an earlier worker i left; the fleet joins it to the weight group."""
+        job = Launch(i)
+
+        def start() -> None:
+            pg = None
+            try:
+                if i not in self.places:
+                    r = self.cfg.rollout
+                    pg = resource_pool(f"rollout-{i}", 1, r.num_cpus, r.num_gpus, r.resources, timeout_s=self.cfg.run.hang_first_s)
+                    node = bundle_nodes(pg)[0]
+                    self.places[i] = (pg, 0, place_model(model, {node})[node])
+                offset = self.cursor_offsets.get(i, 0)
+                worker = self._new(i, self.cursors.get(i, 0) + offset, offset)
+                try:
+                    ray.get(worker.node_id.remote())  # its engine is up
+                except ray.exceptions.RayActorError as exc:
+                    raise RuntimeError(f"it died while starting: {exc}") from None
+                with job.lock:
+                    job.worker = worker
+                    if job.abandoned:
+                        raise RuntimeError("the pool change was abandoned before it came up")
+            except Exception as exc:  # reported by the fleet; the pool stays as it was
+                job.error = f"rollout worker {i} could not be started: {exc}"
+                self._undo(job, pg)
+            finally:
+                job.done.set()
+
+        threading.Thread(target=start, name=f"launch-rollout-{i}", daemon=True).start()
+        return job
+
+    def join(self, job: Launch) -> None:
+        """A launched worker takes its place at the top of the pool."""
+        assert job.index == len(self.workers) and job.worker is not None, (job.index, len(self.workers))
+        self.workers.append(job.worker)
+
+    def leave(self, why: str) -> int:
+        """The last worker has left the pool (retired, or died meanwhile): any group it was admitted for and did
+        not deliver is recorded as dropped_error with `why` (none, after a retirement that finished in time), its
+        process ends, an added worker's placement group is freed. Returns the groups it was admitted for."""
+        i = len(self.workers) - 1
+        groups = ray.get(self.buffer.forfeit.remote(i, self.run_id, self.cfg.rollout.group_size, why))
+        self.cursor_offsets[i] = groups
+        ray.kill(self.workers.pop(), no_restart=True)
+        pg, _, _ = self.places[i]
+        if pg is not self.pg:
+            del self.places[i]
+            remove_placement_group(pg)
+        return groups
+
+    def discard(self, job: Launch) -> None:
+        """A launched worker that will not join (its change was abandoned, or the run ends first): killed, and its
+        own placement group freed, now or as soon as it comes up."""
+        with job.lock:
+            job.abandoned = True
+            if not job.done.is_set() or job.error is not None:
+                return  # its thread undoes it (or already has)
+        self._undo(job, self.places[job.index][0] if job.index in self.places else None)
+
+    def _undo(self, job: Launch, pg: PlacementGroup | None) -> None:
+        if job.worker is not None:
+            ray.kill(job.worker, no_restart=True)
+        if pg is not None and pg is not self.pg:
+            self.places.pop(job.index, None)
+            remove_placement_group(pg)
 
     def stats(self, timeout_s: float = 60.0) -> tuple[list[WorkerStats], list[tuple[int, str]]]:
         """Every worker's counters, or ([], the dead: (index, why)) when some did not answer."""
@@ -71,9 +166,12 @@ class RolloutPool:
         return True
 
     def prompt_cursors(self, stats: list[WorkerStats]) -> dict[str, int]:
-        """Prompts drawn by each worker over the whole run, for a checkpoint."""
-        return {str(st.worker_id): self.cursors.get(st.worker_id, 0) + self.cursor_offsets.get(st.worker_id, 0) + st.prompts_drawn
-                for st in stats}
+        """Prompts drawn by each worker id over the whole run, for a checkpoint (a removed worker's too: one that
+        comes back continues its stream)."""
+        gone = {i: self.cursors.get(i, 0) + n for i, n in self.cursor_offsets.items() if i >= len(self.workers)}
+        return {**{str(i): n for i, n in gone.items()},
+                **{str(st.worker_id): self.cursors.get(st.worker_id, 0) + self.cursor_offsets.get(st.worker_id, 0) + st.prompts_drawn
+                   for st in stats}}
 
 
 class RewardPool:

@@ -8,9 +8,10 @@ SEEN_KEYS = ("tokens", "busy_s", "idle_s")
 
 
 def rollout_metrics(stats: list[WorkerStats], buffer: dict, seen: dict[int, dict], elapsed_s: float, restarts: int,
-                    group_size: int) -> tuple[dict, dict[int, dict]]:
+                    group_size: int, gone: list[WorkerStats] | tuple = ()) -> tuple[dict, dict[int, dict]]:
     """The rollout and buffer metrics of one step from every worker's counters and the buffer's, with the rates
-    since the previous step (`seen`: each worker's counters then); returns them and the counters to keep."""
+    since the previous step (`seen`: each worker's counters then); returns them and the counters to keep. `gone`:
+    the last counters of workers removed from the pool, which the run's totals keep."""
     elapsed_s = max(elapsed_s, 1e-9)
     per_worker, now_seen = {}, {}
     for st in stats:
@@ -21,10 +22,11 @@ def rollout_metrics(stats: list[WorkerStats], buffer: dict, seen: dict[int, dict
         now_seen[st.worker_id] = {k: getattr(st, k) for k in SEEN_KEYS}
     busy = sum(s.busy_s for s in stats)
     idle = sum(s.idle_s for s in stats)
+    live, stats = stats, [*stats, *gone]  # rates from the live workers, totals over the run
     metrics = {
         "rollout/tokens_per_s": sum(v for k, v in per_worker.items() if k.endswith("tokens_per_s")),
         "rollout/idle_frac": idle / max(busy + idle, 1e-9), **per_worker,
-        "rollout/busy_s_total": busy, "rollout/restarts_total": restarts, "buffer/lost_samples": buffer["lost"],
+        "rollout/busy_s_total": sum(s.busy_s for s in stats), "rollout/restarts_total": restarts, "buffer/lost_samples": buffer["lost"],
         "rollout/resubmitted_total": sum(s.resubmitted for s in stats),
         "rollout/resumed_tokens_total": sum(s.resumed_tokens for s in stats),
         "rollout/drain_s_total": sum(s.drain_s for s in stats),
@@ -33,8 +35,8 @@ def rollout_metrics(stats: list[WorkerStats], buffer: dict, seen: dict[int, dict
         "rollout/tool_errors_total": sum(s.tool_errors for s in stats),
         "rollout/tool_s_mean": sum(s.tool_s for s in stats) / max(sum(s.tool_calls for s in stats), 1),
         "samples/generated_total": sum(s.groups_done for s in stats) * group_size,
-        "rollout/inflight_groups": sum(s.inflight_groups for s in stats),
-        "rollout/scoring_groups": sum(s.scoring_groups for s in stats),
+        "rollout/inflight_groups": sum(s.inflight_groups for s in live),
+        "rollout/scoring_groups": sum(s.scoring_groups for s in live),
         "rollout/scoring_retries_total": sum(s.scoring_retries for s in stats),
         "buffer/buffered_groups": buffer["buffered_groups"], "buffer/refused_admissions": buffer["refused_admissions"],
         "buffer/dropped_stale": buffer["dropped_stale"], "buffer/dropped_error": buffer["dropped_error"],
