@@ -188,6 +188,41 @@ def test_a_killed_rollout_worker_is_replaced_and_nothing_is_lost_silently(random
     assert numbers == list(range(len(numbers)))
 
 
+@pytest.mark.slow
+def test_a_learner_rank_killed_mid_run_is_restored_in_place_and_the_run_finishes(tiny_model_dir, tmp_path):
+    """Two FSDP2 learner ranks; one is SIGKILLed after the step-3 checkpoint. The run restores the learner group
+    from that checkpoint without stopping the rollout side, redoes the steps since, and ends with every step
+    trained once in its metrics and no sample lost."""
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "asyncrl.run", "--config", "configs/smoke.yaml", f"run.output_dir={out}", f"model.path={tiny_model_dir}",
+           "run.steps=10", "run.checkpoint_every=3", "run.eval=false", "learner.num_workers=2", "learner.num_cpus=0.5",
+           "learner.delay_s=0.5", "buffer.store_flush_s=0.2"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=tagged(out))
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and not ((out / "metrics.jsonl").exists() and len(metric_steps(out)) >= 5):
+        time.sleep(0.2)
+    victims = list(run_pids(out, ("ray::Learner",)))
+    assert len(victims) == 2, victims
+    os.kill(victims[1], signal.SIGKILL)
+    output, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, output[-4000:]
+    assert "LEARNER LOST at step" in output and "restoring the learner group from its last checkpoint (step-000003)" in output
+    summary = json.loads((out / "summary.json").read_text())
+    [restart] = summary["learner_restarts"]
+    assert restart["restored_step"] == 3 and restart["step"] >= 5 and summary["steps"] == 10
+    assert summary["rollout_restarts"] == 0  # the rollout side went on: its worker was never replaced
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(10))  # every step once: the ones after the checkpoint redone
+    versions = [r["policy_version"] for r in rows]
+    assert versions == sorted(set(versions)) and rows[-1]["learner/restarts_total"] == 1  # versions only go forward
+    records = read_trajectories(out / "trajectories").to_pylist()
+    ids = [r["sample_id"] for r in records]
+    assert len(ids) == len(set(ids)), "a sample recorded twice"
+    assert summary["samples"]["lost"] == 0 and summary["samples"]["dropped_error"] == 0
+    consumed_steps = {r["consumed_step"] for r in records if r["status"] == "consumed"}
+    assert consumed_steps == set(range(10))
+
+
 def test_repeated_non_finite_steps_stop_the_run_after_a_checkpoint(tmp_path):
     from asyncrl.core.config import load_config
     from asyncrl.orchestration.controller import Controller

@@ -324,6 +324,8 @@ class LearnerConfig(_Section):
     """Intra-op threads for the learner's torch."""
     critic_lr: float = Field(1.0e-3, gt=0)
     """Learning rate of the value model (algorithms with a critic, e.g. ppo)."""
+    max_restarts: int = Field(2, ge=0)
+    """Times a learner group that lost a rank (its process died, or it hung past the watchdog's deadline) is restored in place from the run's last checkpoint (the initial model before the first): the ranks are started again, the steps since that checkpoint are redone on new data, and the rollout workers, the buffer and the samples in flight stay; past this many the run stops (docs/fault-tolerance.md)."""
     max_non_finite_steps: int = Field(5, ge=1)
     """Stop the run (after a checkpoint) when this many steps in a row skipped every update for a non-finite loss, ratio or gradient."""
     lora: LoRAConfig = Field(default_factory=LoRAConfig)

@@ -36,7 +36,12 @@ class StageClock:
         return f"{self.factor:g} x its longest of the last {len(past)} ({max(past):.2f} s), at least {self.floor_s:g} s"
 
 
-class StageTimeout(RuntimeError):
+class LearnerLost(RuntimeError):
+    """A learner rank died, or hung past its deadline (StageTimeout): the group cannot go on as it is; the
+    controller restores it in place from the last checkpoint (learner.max_restarts) or stops."""
+
+
+class StageTimeout(LearnerLost):
     """A stage of the step loop ran past its deadline (the watchdog's report is the message)."""
 
 

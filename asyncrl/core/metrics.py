@@ -7,6 +7,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from asyncrl.core.checkpoint import truncate_metrics
+
 CONSOLE_KEYS = (
     ("step", "step", "{:>4.0f}"),
     ("policy_version", "v", "{:>3.0f}"),
@@ -58,6 +60,14 @@ class MetricsSink:
             self.wandb.log({**metrics, **hists}, step=int(metrics["step"]))
         if self.console:
             print(console_line(metrics), file=sys.stdout, flush=True)
+
+    def rewind(self, next_step: int) -> None:
+        """The steps from `next_step` on will be redone (a learner restored from its checkpoint): their rows leave
+        metrics.jsonl. wandb keeps what it was sent (its steps only go forward): the redone steps' rows there are
+        the first attempt's."""
+        self.file.close()
+        truncate_metrics(self.path, next_step)
+        self.file = self.path.open("a")
 
     def summary(self, values: dict[str, Any]) -> None:
         if self.wandb is not None:

@@ -27,6 +27,7 @@ from asyncrl.algorithms import get_algorithm
 from asyncrl.analysis.runs import bottleneck, eval_summary
 from asyncrl.core.checkpoint import latest_checkpoint, read_state, truncate_metrics
 from asyncrl.core.config import Config
+from asyncrl.core.deadlines import LearnerLost
 from asyncrl.core.metrics import MetricsSink
 from asyncrl.core.models import model_source
 from asyncrl.core.models.cache import ModelSource
@@ -36,6 +37,7 @@ from asyncrl.core.tasks import make_task
 from asyncrl.orchestration.checkpointing import Checkpoints
 from asyncrl.orchestration.cluster import check_reachable, connect_ray, requested_address
 from asyncrl.orchestration.elastic import RunCommands
+from asyncrl.orchestration.recovery import LearnerRecovery
 from asyncrl.orchestration.fleet import Fleet
 from asyncrl.orchestration.meter import StepMeter, raise_errors
 from asyncrl.orchestration.step_metrics import batch_histograms, timing_metrics
@@ -50,11 +52,11 @@ class Controller:
         self.run_id = f"{run_dir.name}-{uuid.uuid4().hex[:6]}"
         cursors = {int(k): v for k, v in state.get("worker_cursors", {}).items()}
         self.fleet = Fleet(cfg, run_dir, model, self.run_id, cursors)
-        self.buffer, self.learners = self.fleet.buffer, self.fleet.learner_pool.actors
-        self.learner = self.learners[0]  # rank 0 publishes weights and saves
+        self.buffer = self.fleet.buffer
         self.meter = StepMeter(cfg, run_dir, self.buffer, self.fleet.rewards, since=self.fleet.created_t)
         self.fleet.on_replaced = self.meter.forget
         self.fleet.on_left = self.meter.left
+        self.recovery = LearnerRecovery(cfg, run_dir, self.fleet, self.meter)  # a lost learner rank, restored in place
         self.commands = RunCommands(cfg, run_dir, self.run_id, self.fleet.elastic)  # asyncrl scale / stop, rollout.autoscale
         self.validation = Validation(cfg)
         self.checkpoints = Checkpoints(cfg, run_dir, self.buffer, self.fleet.learner_pool, self.fleet.rollout)
@@ -73,6 +75,9 @@ class Controller:
     def workers(self) -> list:
         return self.fleet.workers
 
+    learners = property(lambda self: self.fleet.learner_pool.actors)  # new actors after a restore (recovery.py)
+    learner = property(lambda self: self.learners[0])  # rank 0: it publishes weights and saves
+
     @property
     def version(self) -> int:
         """The policy version last published."""
@@ -84,25 +89,20 @@ class Controller:
         cfg, t_start = self.cfg, time.time()
         before = self.validation.evaluate(self.workers, self.version)
         ray.get([w.start.remote() for w in self.workers])
-        history, every, steps_done = [], cfg.run.checkpoint_every, self.start_step
+        history, steps_done = [], self.start_step
         self.train_t0 = time.monotonic()
-        for step in range(self.start_step, cfg.run.steps):
-            history.append(self.step(step))
+        step = self.start_step
+        while step < cfg.run.steps:
+            try:
+                self.iteration(step, history, sink)
+            except LearnerLost as exc:  # restored in place from the last checkpoint: its steps are redone
+                step = self.recovery.restore(step, exc, sink)
+                history[:] = [h for h in history if h["step"] < step]
+                continue
             steps_done = step + 1
-            if cfg.run.eval_every and (steps_done % cfg.run.eval_every == 0 or self.final):
-                self.start_validation()
-                if self.final:  # nothing follows to overlap it with: its scores are the final evaluation
-                    history[-1].update(self.validation.finish())
-            sink.log(history[-1], histograms=self.meter.histograms)
-            if cfg.rollout.autoscale:
-                self.commands.autoscale(step, history)
-            if every and (steps_done % every == 0 or self.final):
-                self.checkpoint(steps_done)
-            if cfg.run.snapshot_every and (steps_done % cfg.run.snapshot_every == 0 or self.final):
-                (self.run_dir / "snapshots").mkdir(exist_ok=True)
-                self.on_learners("save_policy", str(self.run_dir / "snapshots" / f"step-{steps_done:06d}.pt"))
             if self.final:
                 break
+            step += 1
         self.settle_weights()  # the final version reaches every engine before the loops stop and the evaluation
         ends = ray.get([w.stop.remote() for w in self.workers])
         buffer_counts = ray.get(self.buffer.close.remote())
@@ -113,8 +113,27 @@ class Controller:
             **eval_summary(before, after),
             "samples": buffer_counts, "rollout": [dataclasses.asdict(e) for e in ends], "rollout_restarts": self.fleet.rollout.restarts, "weight_mismatches": self.fleet.mismatches, "watchdog": self.fleet.watchdog,
             "rollout_workers": len(self.workers), "pool_changes": [c.record() for c in self.fleet.elastic.changes],
+            "learner_restarts": self.recovery.restarts,
             "placement": self.fleet.placement, "bottleneck": dataclasses.asdict(bottleneck(history)),
         }
+
+    def iteration(self, step: int, history: list[dict], sink: MetricsSink) -> None:
+        """One step of the loop and what follows it: validation, the metrics row, the autoscaler, checkpoints."""
+        cfg = self.cfg
+        history.append(self.step(step))
+        steps_done, every = step + 1, cfg.run.checkpoint_every
+        if cfg.run.eval_every and (steps_done % cfg.run.eval_every == 0 or self.final):
+            self.start_validation()
+            if self.final:  # nothing follows to overlap it with: its scores are the final evaluation
+                history[-1].update(self.validation.finish())
+        sink.log(history[-1], histograms=self.meter.histograms)
+        if cfg.rollout.autoscale:
+            self.commands.autoscale(step, history)
+        if every and (steps_done % every == 0 or self.final):
+            self.checkpoint(steps_done)
+        if cfg.run.snapshot_every and (steps_done % cfg.run.snapshot_every == 0 or self.final):
+            (self.run_dir / "snapshots").mkdir(exist_ok=True)
+            self.on_learners("save_policy", str(self.run_dir / "snapshots" / f"step-{steps_done:06d}.pt"))
 
     def step(self, step: int) -> dict:
         """Wait for a batch, train on it, publish the weights every learner.sync_every steps, measure."""
@@ -143,6 +162,7 @@ class Controller:
         metrics.update(sync.get("eval", {}))  # a validation started after an earlier step, finished before this step's publish
         metrics.update({"step": step, "policy_version": self.version, **timing_metrics(step_s, waited, compute_s, sync), **self.meter.totals(metrics)})
         metrics.update(self.commands.step(step, sync.get("pool_s", 0.0)))
+        metrics["learner/restarts_total"] = len(self.recovery.restarts)
         self.meter.histograms = batch_histograms(batch, self.version)
         return metrics
 

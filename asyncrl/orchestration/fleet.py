@@ -51,6 +51,7 @@ class Fleet:
         paths = place_model(model, {n for pool in nodes for n in pool})
         self.learner_pool = LearnerPool(cfg, self.pools[0], [paths[n] for n in nodes[0]])
         self.rollout = RolloutPool(cfg, self.pools[1], [paths[n] for n in nodes[1]], self.buffer, run_id, cursors, self.rewards.actors)
+        self.cfg = cfg
         self.sync = WeightSync(self.learner_pool.actors, cfg)
         self.on_mismatch = cfg.learner.on_weight_mismatch
         self.mismatches = 0  # engines found serving other weights than were sent, over the run
@@ -164,6 +165,14 @@ class Fleet:
         self._publish()
         self.settle_weights()  # the replacement starts generating from the current version
         ray.get(self.workers[i].start.remote())
+
+    def restart_learners(self) -> None:
+        """A new learner group in place of a lost one (its ranks killed and started again from the initial model,
+        joined into one group), and a new weight sync around it; the caller loads the checkpoint and connects."""
+        self.sync.abandon()
+        self.learner_pool.restart(self.rendezvous())
+        self.placement["learner_nodes"] = ray.get([a.node_id.remote() for a in self.learner_pool.actors])
+        self.sync = WeightSync(self.learner_pool.actors, self.cfg)
 
     def rendezvous(self) -> str:
         """Loopback when everything runs on one node, else the learner rank 0's node address."""

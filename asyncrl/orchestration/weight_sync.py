@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import ray
 
 from asyncrl.core.config import Config
-from asyncrl.core.deadlines import StageClock, hung_message
+from asyncrl.core.deadlines import LearnerLost, StageClock, hung_message
 from asyncrl.core.fingerprint import WeightMismatch, first_mismatch
 from asyncrl.core.messages import LoadReport, SentWeights
 from asyncrl.core.weights import group_name, new_secret
@@ -89,10 +89,10 @@ class WeightSync:
         posted before the send is waited on. CUDA IPC hands out the handles of the whole snapshot, so the engines
         are called once the learner has made it."""
         sends = [learner.send_weights.remote() for learner in self.learners]
-        payload = ray.get(sends[0]).payload if self.transport == "cuda_ipc" else None
+        payload = _from_learner(sends[:1], "send_weights")[0].payload if self.transport == "cuda_ipc" else None
         self.in_flight = [w.update_weights.remote(version, payload) for w in workers]
         self.published_at = time.monotonic()
-        sent: SentWeights = ray.get(sends)[0]
+        sent: SentWeights = _from_learner(sends, "send_weights")[0]
         self.sent, self.version = sent, version
         return {"bytes": sent.bytes, "send_s": sent.seconds}
 
@@ -124,13 +124,30 @@ class WeightSync:
             self.clock.record("weight load", max(r.wall_s for r in reports.values()))
         if errors and not dead and skip is None:
             raise errors[0]
-        ray.get(self.learner.weights_loaded.remote())  # e.g. the IPC snapshot, mapped and loaded by every engine, may go
+        _from_learner([self.learner.weights_loaded.remote()], "weights_loaded")  # e.g. the IPC snapshot, loaded by every engine, may go
         sent = self.sent
         settled = verify(self.version, sent.fingerprint if sent else None, reports, self.dtype, sent.fingerprint_s if sent else 0.0)
         settled.dead = [i for i in dead if i != skip]
         settled.hung = hung
         settled.mismatched = [m for m in settled.mismatched if m.engine != skip]
         return settled
+
+
+    def abandon(self) -> None:
+        """The learner group was lost: the version in flight will not arrive (its sender is gone; each engine's
+        receive fails and it keeps the weights it had). Wait for the engines to give up on it, up to the load's
+        deadline, so that they take the next group's join."""
+        refs, self.in_flight, self.sent = self.in_flight, None, None
+        if refs:
+            ray.wait(refs, num_returns=len(refs), timeout=self.clock.deadline("weight load"))
+
+
+def _from_learner(refs: list, method: str) -> list:
+    """The learner ranks' answers; a rank whose process died raises LearnerLost (the controller restores the group)."""
+    try:
+        return ray.get(refs)
+    except ray.exceptions.RayActorError as exc:
+        raise LearnerLost(f"a learner rank died during {method} ({type(exc).__name__})") from None
 
 
 def weight_group_ranks(engines: int, tensor_parallel_size: int) -> tuple[int, list[int]]:
