@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import ray
 
 from asyncrl.core.config import Config
+from asyncrl.core.deadlines import StageClock, hung_message
 from asyncrl.core.messages import GroupScored, RewardStats
 from asyncrl.core.schema import Status
 from asyncrl.core.scoring import RewardCache, Scored, ScoringProcess, cache_key
@@ -46,6 +47,7 @@ class _HandOff:
     prompt: Prompt
     route: int
     tries: int = 0
+    sent: float = 0.0  # when it was last sent (monotonic)
 
 
 @dataclass
@@ -226,10 +228,16 @@ class RewardClient:
     as dropped_error. `put` and `count_failures` are the rollout worker's (its buffer hand-off and its
     consecutive-failure rule); `counters` are its WorkerCounters."""
 
-    def __init__(self, scorers: list, counters, put: Callable[[list[dict]], None], count_failures: Callable[[bool, str], None]) -> None:
+    def __init__(self, scorers: list, counters, put: Callable[[list[dict]], None], count_failures: Callable[[bool, str], None],
+                 clock: StageClock | None = None) -> None:
+        """`clock`: the watchdog's deadlines (run.hang_*): a hand-over unanswered past the longest recent ones
+        times run.hang_factor means its reward actor hangs (frozen, or stuck outside its killable scoring process)."""
         self.scorers, self.counters, self._put, self._count_reward_failures = scorers, counters, put, count_failures
+        self.clock = clock or StageClock()
         self.scoring: dict = {}  # a score call in flight -> what was handed over
         self.retries: list[tuple[float, _HandOff]] = []  # (when, hand-over) to send again after its actor failed
+        self.killed: dict[int, float] = {}  # reward actor -> when this worker last restarted it as hung
+        self.restarting: set[int] = set()  # actors restarted that have not answered since: run.hang_first_s, like a first call
 
     def __len__(self) -> int:
         """Groups handed over and not yet delivered (in flight or waiting to be sent again)."""
@@ -239,9 +247,12 @@ class RewardClient:
         """Give a finished group to its prompt's reward actor (so repeats of a prompt meet its cache)."""
         self._send(_HandOff(records, prompt, route(prompt.prompt_id, len(self.scorers))))
 
+    def _actor(self, hand: _HandOff) -> int:
+        return (hand.route + hand.tries) % len(self.scorers)  # a retry goes to the next actor
+
     def _send(self, hand: _HandOff) -> None:
-        scorer = self.scorers[(hand.route + hand.tries) % len(self.scorers)]  # a retry goes to the next actor
-        self.scoring[scorer.score.remote(hand.records, hand.prompt)] = hand
+        hand.sent = time.monotonic()
+        self.scoring[self.scorers[self._actor(hand)].score.remote(hand.records, hand.prompt)] = hand
 
     def check(self, timeout_s: float = 0.0) -> None:
         """Take the answers of the reward actors that delivered their groups; send again, after a back-off and to
@@ -252,7 +263,8 @@ class RewardClient:
             self._send(hand)
         if not self.scoring:
             return
-        done, _ = ray.wait(list(self.scoring), num_returns=len(self.scoring), timeout=timeout_s)
+        done, waiting = ray.wait(list(self.scoring), num_returns=len(self.scoring), timeout=timeout_s)
+        self._watch(waiting)
         for ref in done:
             hand = self.scoring.pop(ref)
             try:
@@ -260,12 +272,37 @@ class RewardClient:
             except ray.exceptions.RayActorError as exc:
                 self._failed(hand, f"its reward actor died before delivering it ({type(exc).__name__}, {hand.tries + 1} tries)")
                 continue
+            if (i := self._actor(hand)) in self.restarting:
+                self.restarting.discard(i)  # back: its start-up was not a hand-over's time
+            else:
+                self.clock.record("reward hand-over", time.monotonic() - hand.sent)
             if result.duplicate:
                 continue
             timeouts = sum(f.startswith("reward timed out") for f in result.failures)
             self.counters.reward_timeouts += timeouts
             self.counters.reward_errors += len(result.failures) - timeouts
             self._count_reward_failures(result.all_failed, result.failures[-1] if result.failures else "")
+
+    def _watch(self, waiting: list) -> None:
+        """The watchdog: a hand-over unanswered past its deadline means its reward actor hangs. The actor is killed
+        (Ray restarts it, reward.max_restarts) and the group sent again to the next actor; the report is logged."""
+        now, learned = time.monotonic(), self.clock.deadline("reward hand-over")
+        for ref in waiting:
+            hand = self.scoring[ref]
+            i = self._actor(hand)
+            deadline = self.clock.first_s if i in self.restarting else learned
+            if now - hand.sent < deadline:
+                continue
+            del self.scoring[ref]
+            if now - self.killed.get(i, -deadline) >= deadline:  # one restart per hang, whatever the groups it held
+                self.killed[i] = now
+                self.restarting.add(i)
+                self.counters.reward_hangs += 1
+                report = hung_message(f"reward actor {i}", "score", now - hand.sent, self.clock, "reward hand-over",
+                                      f"a group of prompt {hand.prompt.prompt_id}")
+                print(f"asyncrl: WATCHDOG {report}; restarting it and handing its groups to the next actor", flush=True)
+                ray.kill(self.scorers[i], no_restart=False)
+            self._failed(hand, f"its reward actor hung (no answer in {now - hand.sent:.0f} s, {hand.tries + 1} tries)")
 
     def _failed(self, hand: _HandOff, reason: str) -> None:
         hand.tries += 1

@@ -277,3 +277,48 @@ def test_groups_held_by_a_reward_actor_that_dies_are_handed_over_again_and_score
     assert held <= scored and len(scored) == 24, statuses  # what the dead actor held was scored by its successor, once
     assert set(statuses) <= {("unconsumed_at_end", "run stopped before it was trained on"),
                              ("aborted_at_end", "run stopped while its group was generating")}, statuses
+
+
+def _freeze(actor) -> None:
+    """In a reward actor's process: stop it (SIGSTOP), as a process stuck outside its scoring child would be."""
+    import os
+    import signal
+    import threading
+
+    threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGSTOP)).start()  # after this call has answered
+
+
+@pytest.mark.slow
+def test_a_frozen_reward_actor_is_found_by_the_watchdog_restarted_and_its_groups_scored_once(random_model_dir, ray_local, tmp_path):
+    from asyncrl.actors.rollout import RolloutWorker
+    from asyncrl.orchestration.pools import RewardPool
+
+    cfg = load_config(None, [f"rollout.group_size={GROUP}", "rollout.max_new_tokens=8", "rollout.max_inflight_groups=2", "learner.batch_size=8",
+                             "buffer.capacity_groups=24", "buffer.max_staleness=100", "reward.num_workers=2", "reward.num_cpus=0",
+                             "task.reward=tests.reward_fns.sleepy_batched", "reward.batch_size=2", "reward.batch_wait_s=0",
+                             "run.hang_first_s=60", "run.hang_floor_s=3", "run.hang_factor=3"])
+    buffer = ray.remote(ReplayBuffer).remote(cfg, str(tmp_path / "traj"))
+    pool = RewardPool(cfg, None, buffer)
+    worker = RolloutWorker(0, cfg, random_model_dir, buffer, "t", scorers=pool.actors)
+    worker.start()
+    deadline = time.monotonic() + 120
+    while ray.get(buffer.stats.remote())["buffered_groups"] < 6 and time.monotonic() < deadline:  # hand-overs timed
+        time.sleep(0.01)
+    ray.get(pool.actors[0].__ray_call__.remote(_freeze))
+    deadline = time.monotonic() + 240
+    while ray.get(buffer.stats.remote())["buffered_groups"] < 24 and time.monotonic() < deadline:  # capacity: then admission stops
+        time.sleep(0.1)
+    end = worker.stop()
+    back, deadline = None, time.monotonic() + 120
+    while time.monotonic() < deadline:  # restarted by Ray: it answers again
+        try:
+            back = ray.get(pool.actors[0].node_id.remote(), timeout=10)
+            break
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            time.sleep(1)
+    pool.close()
+    rows = stored(buffer, tmp_path / "traj")
+    assert len(rows) == len({r["sample_id"] for r in rows}) == worker.flight.next_group * GROUP  # every sample once
+    statuses = Counter((r["status"], r["status_reason"]) for r in rows)
+    assert back and end.reward_hangs == 1 and end.scoring_retries >= 1 and end.error is None, (end, statuses)
+    assert len({r["group_id"] for r in rows if r["status"] == "unconsumed_at_end" and r["reward"] is not None}) == 24, statuses

@@ -40,6 +40,7 @@ from asyncrl.actors.rollout.updates import POLICIES
 from asyncrl.core.agent_host import AgentHost
 from asyncrl.core.agents import AgentEnvironment
 from asyncrl.core.config import Config
+from asyncrl.core.deadlines import StageClock
 from asyncrl.core.envs import make_environment
 from asyncrl.core.evaluation import EvalScores
 from asyncrl.core.messages import LoadReport, WorkerCounters, WorkerStats
@@ -77,7 +78,8 @@ class RolloutWorker:
         self.link = BufferLink(buffer, worker_id)
         streak = FailureStreak(cfg.task.max_consecutive_reward_failures, cfg.task.reward, lambda why: self.loop.fail(why))
         if scorers:
-            self.scoring = PoolScoring(RewardClient(scorers, self.counters, self.link.put, streak))
+            clock = StageClock(cfg.run.hang_factor, cfg.run.hang_floor_s, cfg.run.hang_first_s)  # the watchdog on the reward actors
+            self.scoring = PoolScoring(RewardClient(scorers, self.counters, self.link.put, streak, clock))
         elif env_cls is not None:
             self.scoring = EnvironmentScoring(self.link.put, streak, self.counters)
         else:

@@ -56,6 +56,7 @@ class WorkerCounters:
     reward_errors: int = 0
     reward_timeouts: int = 0
     scoring_retries: int = 0  # hand-overs sent again after their reward actor died or was restarting
+    reward_hangs: int = 0  # reward actors found hung by the watchdog (no answer within the hand-over deadline), restarted
     bad_prompts: int = 0
     prompts_drawn: int = 0  # the data cursor a checkpoint records
     tool_calls: int = 0  # tool calls of episodes that ended (env.name), run off the loop

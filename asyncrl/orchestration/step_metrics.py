@@ -38,6 +38,7 @@ def rollout_metrics(stats: list[WorkerStats], buffer: dict, seen: dict[int, dict
         "rollout/inflight_groups": sum(s.inflight_groups for s in live),
         "rollout/scoring_groups": sum(s.scoring_groups for s in live),
         "rollout/scoring_retries_total": sum(s.scoring_retries for s in stats),
+        "rollout/reward_hangs_total": sum(s.reward_hangs for s in stats),
         "buffer/buffered_groups": buffer["buffered_groups"], "buffer/refused_admissions": buffer["refused_admissions"],
         "buffer/dropped_stale": buffer["dropped_stale"], "buffer/dropped_error": buffer["dropped_error"],
         "buffer/filtered": buffer["filtered"],
