@@ -244,18 +244,24 @@ def test_a_run_with_hung_and_crashing_rewards_finishes_with_every_sample_recorde
     assert actor_processes(out) == [] and scoring_children(out) == []  # nothing left running
 
 
-@pytest.mark.slow
-def test_groups_held_by_a_reward_actor_that_dies_are_handed_over_again_and_scored_once(random_model_dir, ray_local, tmp_path):
+def worker_with_a_pool(model_dir: str, tmp_path: Path, *overrides: str) -> tuple:
+    """(buffer, reward pool, rollout worker started in this process) scoring a slow batched reward, 24 groups at most."""
     from asyncrl.actors.rollout import RolloutWorker
     from asyncrl.orchestration.pools import RewardPool
 
     cfg = load_config(None, [f"rollout.group_size={GROUP}", "rollout.max_new_tokens=8", "rollout.max_inflight_groups=2", "learner.batch_size=8",
-                             "buffer.capacity_groups=24", "buffer.max_staleness=100", "reward.num_workers=1", "reward.num_cpus=0",
-                             "task.reward=tests.reward_fns.sleepy_batched", "reward.batch_size=2", "reward.batch_wait_s=0"])
+                             "buffer.capacity_groups=24", "buffer.max_staleness=100", "reward.num_cpus=0",
+                             "task.reward=tests.reward_fns.sleepy_batched", "reward.batch_size=2", "reward.batch_wait_s=0", *overrides])
     buffer = ray.remote(ReplayBuffer).remote(cfg, str(tmp_path / "traj"))
     pool = RewardPool(cfg, None, buffer)
-    worker = RolloutWorker(0, cfg, random_model_dir, buffer, "t", scorers=pool.actors)
+    worker = RolloutWorker(0, cfg, model_dir, buffer, "t", scorers=pool.actors)
     worker.start()
+    return buffer, pool, worker
+
+
+@pytest.mark.slow
+def test_groups_held_by_a_reward_actor_that_dies_are_handed_over_again_and_scored_once(random_model_dir, ray_local, tmp_path):
+    buffer, pool, worker = worker_with_a_pool(random_model_dir, tmp_path, "reward.num_workers=1")
     deadline = time.monotonic() + 120
     while ray.get(buffer.stats.remote())["buffered_groups"] < 1 and time.monotonic() < deadline:  # the actor scores
         time.sleep(0.01)
@@ -290,17 +296,8 @@ def _freeze(actor) -> None:
 
 @pytest.mark.slow
 def test_a_frozen_reward_actor_is_found_by_the_watchdog_restarted_and_its_groups_scored_once(random_model_dir, ray_local, tmp_path):
-    from asyncrl.actors.rollout import RolloutWorker
-    from asyncrl.orchestration.pools import RewardPool
-
-    cfg = load_config(None, [f"rollout.group_size={GROUP}", "rollout.max_new_tokens=8", "rollout.max_inflight_groups=2", "learner.batch_size=8",
-                             "buffer.capacity_groups=24", "buffer.max_staleness=100", "reward.num_workers=2", "reward.num_cpus=0",
-                             "task.reward=tests.reward_fns.sleepy_batched", "reward.batch_size=2", "reward.batch_wait_s=0",
-                             "run.hang_first_s=60", "run.hang_floor_s=3", "run.hang_factor=3"])
-    buffer = ray.remote(ReplayBuffer).remote(cfg, str(tmp_path / "traj"))
-    pool = RewardPool(cfg, None, buffer)
-    worker = RolloutWorker(0, cfg, random_model_dir, buffer, "t", scorers=pool.actors)
-    worker.start()
+    buffer, pool, worker = worker_with_a_pool(random_model_dir, tmp_path, "reward.num_workers=2", "run.hang_first_s=60",
+                                              "run.hang_floor_s=3", "run.hang_factor=3")
     deadline = time.monotonic() + 120
     while ray.get(buffer.stats.remote())["buffered_groups"] < 6 and time.monotonic() < deadline:  # hand-overs timed
         time.sleep(0.01)
