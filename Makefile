@@ -73,7 +73,7 @@ test-all: $(STAMP) $(SGLANG_STAMP)
 # installed into bench/.venv-trl too); see docs/benchmarks.md. Nothing else should run meanwhile.
 bench: $(STAMP) $(SGLANG_STAMP)
 	@start=$$(date +%s); \
-	for b in "overlap.py" "weight_sync.py" "weight_load.py" "vs_trl.py" "scaling.py" "staleness_ablation.py" "reward_pool.py" "agentic.py" "soak.py --minutes 1 --kill-every 30"; do \
+	for b in "overlap.py" "weight_sync.py" "weight_load.py" "vs_trl.py" "scaling.py" "staleness_ablation.py" "reward_pool.py" "agentic.py" "soak.py --config configs/smoke.yaml --minutes 2 --every 20"; do \
 		t0=$$(date +%s); $(PY) bench/$$b || exit 1; echo "make bench: bench/$$b took $$(( $$(date +%s) - t0 )) s"; \
 	done; \
 	echo "make bench: all took $$(( $$(date +%s) - start )) s"

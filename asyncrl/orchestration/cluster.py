@@ -92,6 +92,7 @@ def connect_ray(cfg: Config) -> bool:
 def resource_pool(name: str, n: int, num_cpus: float, num_gpus: float, resources: dict[str, float], timeout_s: float = 120.0) -> PlacementGroup:
     """A placement group of n identical bundles; a clear error when the cluster cannot hold it."""
     bundle = {k: v for k, v in {"CPU": num_cpus, "GPU": num_gpus, **resources}.items() if v > 0}
+    bundle = bundle or {"CPU": 0.01}  # asking for nothing (num_cpus=0): Ray refuses an empty bundle; a sliver places it
     pg = placement_group([dict(bundle) for _ in range(n)], strategy="PACK", name=f"asyncrl-{name}-{uuid.uuid4().hex[:6]}")
     ready, _ = ray.wait([pg.ready()], timeout=timeout_s)
     if not ready:

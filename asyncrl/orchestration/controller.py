@@ -112,7 +112,7 @@ class Controller:
             "steps": steps_done, "stopped_by": "steps" if steps_done == cfg.run.steps else "command" if self.commands.stopped else "time", "resumed_at_step": self.start_step or None, "wall_s": time.time() - t_start, "policy_version": self.version,
             **eval_summary(before, after),
             "samples": buffer_counts, "rollout": [dataclasses.asdict(e) for e in ends], "rollout_restarts": self.fleet.rollout.restarts, "weight_mismatches": self.fleet.mismatches, "watchdog": self.fleet.watchdog,
-            "rollout_workers": len(self.workers), "pool_changes": [c.record() for c in self.fleet.elastic.changes],
+            "rollout_workers": len(self.workers), "pool_changes": self.fleet.elastic.records(),
             "learner_restarts": self.recovery.restarts,
             "placement": self.fleet.placement, "bottleneck": dataclasses.asdict(bottleneck(history)),
         }

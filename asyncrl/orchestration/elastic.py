@@ -145,6 +145,11 @@ class ElasticPool:
         print(f"asyncrl: rollout pool now {len(self.workers)} workers ({change.seconds:.1f} s after it was asked for"
               f"{', ' + change.error if change.error else ''})", flush=True)
 
+    def records(self) -> list[dict]:
+        """Every change, for the summary; one still under way is recorded with the error "the run ended first"."""
+        unfinished = [] if self.change is None else [{**self.change.record(), "error": "the run ended before it was in place"}]
+        return [c.record() for c in self.changes] + unfinished
+
     def shutdown(self) -> None:
         for job in self.launches:  # started for a change the run ended before
             self.rollout.discard(job)
