@@ -99,6 +99,8 @@ class RolloutWorker:
         return ray.get_runtime_context().get_node_id()
 
     def start(self) -> None:
+        if self.thread is not None and self.thread.is_alive():
+            return  # already generating (a joiner replaced during its first load is started by its replacement)
         self.thread = threading.Thread(target=self._run, name=f"rollout-{self.id}", daemon=True)
         self.thread.start()
 
