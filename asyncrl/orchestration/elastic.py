@@ -75,9 +75,18 @@ class ElasticPool:
             if target != n:
                 self.change, self.change_t0 = PoolChange(asked, n, target, why), time.monotonic()
                 print(f"asyncrl: rollout pool {n} -> {target} workers ({why})", flush=True)
+                self._warn_if_no_room(target - n)
                 self.launches = [self.rollout.launch(i, self.model) for i in range(n, target)]
         if self.change is not None and self.retiring is None and len(self.workers) > self.change.after:
             self.retiring = self.workers[-1].retire.remote(self.retire_timeout_s)
+
+    def _warn_if_no_room(self, new: int) -> None:
+        """Say at once when the cluster has no room now for `new` more workers (each waits for it up to run.hang_first_s)."""
+        r = self.rollout.cfg.rollout
+        free = ray.available_resources().get("CPU", 0.0)
+        if new * r.num_cpus > free + 1e-9:
+            print(f"asyncrl: the cluster has {free:g} CPUs free now and {new} more rollout workers need {new * r.num_cpus:g} "
+                  f"(rollout.num_cpus={r.num_cpus:g}); they wait for room up to run.hang_first_s", flush=True)
 
     def state(self, step: int) -> dict:
         """The pool now: workers serving, starting and retiring, the bounds, the change under way."""
