@@ -20,6 +20,7 @@ from asyncrl.orchestration.pools import RolloutPool
 from asyncrl.orchestration.step_metrics import rollout_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
+BOUND = 3  # buffer.max_staleness of the slow run
 
 
 def test_a_size_outside_the_bounds_is_refused_naming_the_bound():
@@ -111,7 +112,7 @@ def test_one_to_two_to_one_rollout_workers_mid_run_loses_nothing_and_keeps_the_b
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "asyncrl.run", "--config", "configs/smoke.yaml", f"run.output_dir={out}", f"model.path={tiny_model_dir}",
            "run.steps=200", "run.eval=false", "rollout.max_workers=2", "rollout.num_cpus=0.5", "learner.delay_s=0.3",
-           "rollout.max_new_tokens=16", "run.checkpoint_every=0"]
+           "rollout.max_new_tokens=16", "run.checkpoint_every=0", f"buffer.max_staleness={BOUND}"]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         wait_for(lambda rows: len(rows) >= 2, out, proc)
@@ -119,7 +120,8 @@ def test_one_to_two_to_one_rollout_workers_mid_run_loses_nothing_and_keeps_the_b
         assert refused.returncode == 2 and "3 rollout workers is above the most allowed, 2 (rollout.max_workers)" in refused.stderr
         asked = scale(out, "2")
         assert asked.returncode == 0, asked.stderr
-        grown = wait_for(lambda rows: sum(r.get("rollout/workers") == 2 for r in rows) >= 3, out, proc)
+        # a new engine is slow on its first requests: its first groups may go stale; wait until it generates
+        grown = wait_for(lambda rows: sum(r.get("rollout/workers") == 2 and r.get("rollout/w1/tokens_per_s", 0) > 0 for r in rows) >= 3, out, proc)
         joined_at = next(r["step"] for r in grown if r.get("rollout/workers") == 2)
         assert json.loads(scale(out).stdout)["serving"] == 2
         assert scale(out, "1").returncode == 0
@@ -151,8 +153,8 @@ def test_one_to_two_to_one_rollout_workers_mid_run_loses_nothing_and_keeps_the_b
     assert not [r for r in records if r["status"] == "dropped_error"], "a group was lost to the pool's changes"
     assert all(r["status"] in {"consumed", "filtered", "unconsumed_at_end", "aborted_at_end", "dropped_stale"} for r in records)
     for r in records:
-        if r["status"] == "consumed":  # the staleness bound (buffer.max_staleness=1) held for every trained sample
-            assert r["consumed_version"] - r["policy_version_start"] <= 1, r
+        if r["status"] == "consumed":  # the staleness bound held for every trained sample
+            assert r["consumed_version"] - r["policy_version_start"] <= BOUND, r
     # the added worker generated only between its join and its removal, with the weights of that time
     steps_of_1 = sorted(r["consumed_step"] for r in by_worker[1] if r["status"] == "consumed")
     assert joined_at - 1 <= steps_of_1[0] and steps_of_1[-1] <= left_at + 1, (joined_at, left_at, steps_of_1[:3], steps_of_1[-3:])
