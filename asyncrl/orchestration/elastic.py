@@ -75,13 +75,14 @@ class ElasticPool:
             if target != n:
                 self.change, self.change_t0 = PoolChange(asked, n, target, why), time.monotonic()
                 print(f"asyncrl: rollout pool {n} -> {target} workers ({why})", flush=True)
-                self._warn_if_no_room(target - n)
+                self._warn_if_no_room(sum(i not in self.rollout.places for i in range(n, target)))  # a starting bundle is reserved
                 self.launches = [self.rollout.launch(i, self.model) for i in range(n, target)]
         if self.change is not None and self.retiring is None and len(self.workers) > self.change.after:
             self.retiring = self.workers[-1].retire.remote(self.retire_timeout_s)
 
     def _warn_if_no_room(self, new: int) -> None:
-        """Say at once when the cluster has no room now for `new` more workers (each waits for it up to run.hang_first_s)."""
+        """Say at once when the cluster has no room now for `new` workers that need placement groups of their own (each
+        waits for room up to run.hang_first_s)."""
         r = self.rollout.cfg.rollout
         free = ray.available_resources().get("CPU", 0.0)
         if new * r.num_cpus > free + 1e-9:

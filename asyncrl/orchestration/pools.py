@@ -11,7 +11,6 @@ version) is arranged by the fleet (asyncrl/orchestration/fleet.py).
 from __future__ import annotations
 
 import threading
-import time
 from dataclasses import dataclass, field
 
 import ray
@@ -31,7 +30,6 @@ class Launch:
     """Worker `index` being started for the pool on a thread: `done` once its engine is up (`worker`) or it
     could not be (`error`)."""
     index: int
-    started: float = field(default_factory=time.monotonic)
     done: threading.Event = field(default_factory=threading.Event)
     worker: object = None
     error: str | None = None
