@@ -157,7 +157,8 @@ def test_one_to_two_to_one_rollout_workers_mid_run_loses_nothing_and_keeps_the_b
             assert r["consumed_version"] - r["policy_version_start"] <= BOUND, r
     # the added worker generated only between its join and its removal, with the weights of that time
     steps_of_1 = sorted(r["consumed_step"] for r in by_worker[1] if r["status"] == "consumed")
-    assert joined_at - 1 <= steps_of_1[0] and steps_of_1[-1] <= left_at + 1, (joined_at, left_at, steps_of_1[:3], steps_of_1[-3:])
+    # (what it delivered before leaving may wait in the buffer up to the staleness bound before it is trained on)
+    assert joined_at - 1 <= steps_of_1[0] and steps_of_1[-1] <= left_at + 1 + BOUND, (joined_at, left_at, steps_of_1[:3], steps_of_1[-3:])
 
 
 def test_the_autoscaler_is_asked_once_a_window_and_never_during_a_change():
