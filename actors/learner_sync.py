@@ -86,7 +86,12 @@ class WeightSync:
             if self.lcfg.verify_weights:
                 fingerprints = {}
                 buckets = self._fingerprinted(buckets, fingerprints, spent)
-            sent, payload = self.sender.send(buckets)
+            try:
+                sent, payload = self.sender.send(buckets)
+            except RuntimeError as exc:  # a receiver died (or was killed, frozen): the broadcast is broken
+                for _ in buckets:  # the other ranks' gathers still need this rank: finish them, send nothing
+                    pass
+                return SentWeights(bytes=0, seconds=time.monotonic() - t0, error=f"{type(exc).__name__}: {exc}"[:500])
         else:
             sent, payload = 0, None
             for _ in buckets:

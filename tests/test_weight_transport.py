@@ -100,3 +100,38 @@ def test_the_transport_is_chosen_by_name_in_one_place():
     assert type(make_sender("cuda_ipc", "nccl")).__name__ == "CudaIpcSender"
     with pytest.raises(ValueError, match="weight transport 'shm'"):
         make_sender("shm", "gloo")
+
+
+def _abandoned_end(rank: int, port: int, results) -> None:
+    """The sender posts nothing (it is held up by another receiver, as when an engine froze before taking the
+    broadcast); the receiver's receive is abandoned after 1 s from another thread, as the worker's actor call does."""
+    import threading
+
+    from asyncrl.core.weights import abandon_receives
+
+    tensors = _tensors()
+    meta = tensor_meta((f"t{i}", t) for i, t in enumerate(tensors))
+    group = init_group("127.0.0.1", port, rank, 2, "gloo", "asyncrl-weights-test", timeout_s=60)
+    if rank == 1:
+        receiver = WeightReceiver(group, meta, plan_buckets(meta, 130_000), torch.device("cpu"))
+        threading.Timer(1.0, lambda: results.update(told=abandon_receives())).start()
+        t0 = time.monotonic()
+        try:
+            receiver.receive()
+        except RuntimeError as exc:
+            results["error"], results["after_s"] = str(exc), time.monotonic() - t0
+    results[f"done{rank}"] = True
+    while len([k for k in results.keys() if k.startswith("done")]) < 2:
+        time.sleep(0.05)
+    # the group is not left (its receives are still posted): the process ends without the gloo threads' abort
+    import os
+    os._exit(0)
+
+
+def test_a_receive_abandoned_by_the_sender_fails_at_once_not_at_the_group_timeout():
+    """gloo tells a receiver nothing when the sender gives up on another receiver: without `abandon_receives` the
+    receive waits for the group's timeout (60 s here, 300 s in a run)."""
+    results = two_ranks(_abandoned_end)
+    assert results["told"] == 1
+    assert results["error"].startswith("the weight broadcast was abandoned")
+    assert 0.9 <= results["after_s"] < 5.0

@@ -116,11 +116,42 @@ def _freeze_in_load(actor) -> None:
     ext.reload_units = frozen
 
 
-def test_the_watchdog_replaces_an_engine_frozen_in_a_load_and_stops_on_a_learner_frozen_mid_step(ray_local, random_model_dir, tmp_path):
+def _freeze_before_receive(actor) -> None:
+    """In a rollout worker's process: its next load stops the process (SIGSTOP) before it takes the broadcast."""
+    import os
+    import signal
+
+    from asyncrl.core import weights
+
+    real = weights.BroadcastReceiver.receive
+
+    def frozen(self, payload):
+        os.kill(os.getpid(), signal.SIGSTOP)
+        return real(self, payload)
+
+    weights.BroadcastReceiver.receive = frozen
+
+
+@pytest.fixture(scope="module")
+def wide_model_dir(tmp_path_factory) -> str:
+    """An untrained Qwen2 of about 20 M parameters: a sync (40 MB in bf16) is more than the sockets buffer, so the
+    learner's broadcast waits on an engine that does not take it."""
+    from asyncrl.core.models.tiny import TinySpec, build_model, build_tokenizer, save_tokenizer
+
+    out = tmp_path_factory.mktemp("wide_model")
+    tokenizer = build_tokenizer()
+    build_model(TinySpec(hidden_size=512, num_heads=8, intermediate_size=1536, num_layers=6), len(tokenizer)).save_pretrained(out)
+    save_tokenizer(tokenizer, out)
+    return str(out)
+
+
+def test_the_watchdog_replaces_an_engine_frozen_in_a_load_and_stops_on_a_learner_frozen_mid_step(ray_local, wide_model_dir, tmp_path):
     """The watchdog's first deadline is run.hang_first_s (20 s here): the frozen engine is named, replaced, and the
-    replacement loads the version. Then a learner rank frozen as its step begins stops the run, named, within the
-    deadline its earlier steps set (at least run.hang_floor_s)."""
-    ctl = _controller(tmp_path, random_model_dir, "run.hang_first_s=20", "run.hang_floor_s=5")
+    replacement loads the version. An engine frozen before it takes the broadcast holds up the learner's send: past
+    the send's deadline it is found not answering, named, replaced, and every engine gets the version. Then a learner
+    rank frozen as its step begins stops the run, named, within the deadline its earlier steps set (at least
+    run.hang_floor_s)."""
+    ctl = _controller(tmp_path, wide_model_dir, "run.hang_first_s=20", "run.hang_floor_s=5", "learner.sync_bucket_mb=4")
     try:
         ray.get(ctl.workers[1].__ray_call__.remote(_freeze_in_load))
         ctl.on_learners("train_step", fake_samples(), 0)
@@ -134,11 +165,22 @@ def test_the_watchdog_replaces_an_engine_frozen_in_a_load_and_stops_on_a_learner
         _train_and_sync(ctl, 1)  # the next sync's deadline comes from the loads measured: 5 s at least
         assert ctl.fleet.sync.clock.deadline("weight load") >= 5 and len(ctl.fleet.watchdog) == 1
 
+        ray.get(ctl.workers[0].__ray_call__.remote(_freeze_before_receive))
+        ctl.on_learners("train_step", fake_samples(), 2)
+        send_deadline = ctl.fleet.sync.clock.deadline("weight send")
+        t0 = time.monotonic()
+        ctl.sync_weights()  # the replacement gets the version in place, settled (nothing is left in flight)
+        assert ctl.fleet.sync.in_flight is None and time.monotonic() - t0 < send_deadline + 5 + 60  # the deadline, the probe, the replacement's start
+        report = ctl.fleet.watchdog[1]
+        assert report.startswith("rollout worker 0 did not finish update_weights (version 3 not received: the learner's broadcast waited on it; it did not answer a stats call in 5 s)"), report
+        assert ctl.fleet.rollout.restarts == 2 and ctl.fleet.mismatches == 0
+        assert [ray.get(w.stats.remote()).version for w in ctl.workers] == [3, 3]
+
         ray.get(ctl.learner.__ray_call__.remote(_freeze_next_step))
         deadline = ctl.fleet.learner_pool.clock.deadline("train_step")
         t0 = time.monotonic()
         with pytest.raises(StageTimeout, match=r"^learner rank 0 did not finish train_step in \d+ s: the deadline was \d+ s \(10 x its longest"):
-            ctl.on_learners("train_step", fake_samples(), 2)
+            ctl.on_learners("train_step", fake_samples(), 3)
         assert deadline <= time.monotonic() - t0 < deadline + 10
     finally:
         ctl.shutdown()

@@ -49,6 +49,7 @@ from asyncrl.core.scoring import ScoringProcess
 from asyncrl.core.tasks import make_task
 from asyncrl.core.tools import ToolPool
 from asyncrl.core.util import pin_to_cores
+from asyncrl.core.weights import abandon_receives
 
 class RolloutWorker:
     def __init__(self, worker_id: int, cfg: Config, model_path: str, buffer, run_id: str, start_cursor: int = 0,
@@ -120,6 +121,11 @@ class RolloutWorker:
         t0 = time.monotonic()
         report = self._through_loop(Update(version, payload))
         return dataclasses.replace(report, wall_s=time.monotonic() - t0)
+
+    def abandon_weights(self) -> int:
+        """The learner gave up on the broadcast under way (another engine froze or died in it): this engine's receive
+        fails now, not at the group's timeout (receivers in this process: vLLM's in-process engine, not SGLang's)."""
+        return abandon_receives()
 
     def _through_loop(self, update: Update) -> object:
         """Have the loop thread apply `update` between two engine steps (or apply it here when no loop runs)."""

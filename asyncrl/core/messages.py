@@ -97,6 +97,7 @@ class SentWeights:
     payload: object = None
     fingerprint: dict | None = None  # name -> the sent tensor's fingerprint (`learner.verify_weights`), rank 0
     fingerprint_s: float = 0.0
+    error: str | None = None  # the broadcast broke (a receiver died or froze): nothing of it is loaded anywhere
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import secrets
 import socket
+import threading
+import weakref
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
@@ -215,13 +217,32 @@ class WeightReceiver:
         keep = device.type == "cpu" if keep_buffers is None else keep_buffers
         self.buffers = bucket_buffers(meta, buckets, device) if keep else None
         self.nbytes = sum(m.nbytes for m in meta)
+        self.abandoned = threading.Event()  # `abandon_receives`: the group's broadcast is broken for good
+        _RECEIVERS.add(self)
 
     def receive(self) -> list[tuple[str, torch.Tensor]]:
+        """Every bucket, or a RuntimeError once the group is abandoned (checked every few milliseconds while a
+        bucket is under way: gloo tells a receiver nothing when the sender gives up on another receiver)."""
         buffers = self.buffers if self.buffers is not None else bucket_buffers(self.meta, self.buckets, self.device)
         works = [_broadcast(self.group, b) for b in buffers]
         for work in works:
+            while not work.is_completed():
+                if self.abandoned.wait(0.002):
+                    raise RuntimeError("the weight broadcast was abandoned: the learner gave up on an engine that froze or died during it")
             work.wait()
         return [pair for buffer, bucket in zip(buffers, self.buckets) for pair in unpack(buffer, self.meta, bucket)]
+
+
+_RECEIVERS: weakref.WeakSet = weakref.WeakSet()  # this process's receivers (one per group it joined)
+
+
+def abandon_receives() -> int:
+    """Make every receive under way in this process (and any later one on the same groups) fail at once: the sender
+    gave up on the broadcast, and the group is rebuilt before the next version. How many receivers there were."""
+    receivers = list(_RECEIVERS)
+    for receiver in receivers:
+        receiver.abandoned.set()
+    return len(receivers)
 
 
 def open_weights_ipc(

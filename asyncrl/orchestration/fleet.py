@@ -106,7 +106,14 @@ class Fleet:
     def _publish(self) -> dict:
         sent = self.sync.publish(self.workers, self.version)
         self.buffer.set_version.remote(self.version)  # the buffer's calls run in the order they were sent
+        for i, report in self.sync.stuck:  # frozen before it took the broadcast: killed (which breaks the broadcast
+            self._hung(i, report)          # for the rest), replaced, and the version sent to everyone again
         return sent
+
+    def _hung(self, i: int, report: str) -> None:
+        print(f"asyncrl: WATCHDOG {report}; replacing it", flush=True)
+        self.watchdog.append(report)
+        self.replace_worker(i, f"hung: {report}")
 
     def settle_weights(self, again: bool = False) -> dict:
         """Block until every engine has loaded the version in flight; replace the ones that died doing it; act on
@@ -116,9 +123,7 @@ class Fleet:
         for i in settled.dead:  # rebuilds the group and publishes again, to everyone
             self.replace_worker(i, "died during a weight update")
         for i, report in settled.hung:  # replaced as a dead one is: killed, its groups recorded, the group rebuilt
-            print(f"asyncrl: WATCHDOG {report}; replacing it", flush=True)
-            self.watchdog.append(report)
-            self.replace_worker(i, f"hung: {report}")
+            self._hung(i, report)
         self.mismatches += len(settled.mismatched)
         for m in settled.mismatched:
             print(f"asyncrl: WEIGHT MISMATCH {m}{' (sent twice)' if again else ''}; learner.on_weight_mismatch={self.on_mismatch}", flush=True)

@@ -70,6 +70,7 @@ class WeightSync:
         self.version, self.dtype = 0, "float32"
         self.clock = StageClock(cfg.run.hang_factor, cfg.run.hang_floor_s, cfg.run.hang_first_s)  # the watchdog's
         self.published_at = 0.0
+        self.stuck: list[tuple[int, str]] = []  # engines the last publish found frozen before they received it
 
     def connect(self, workers: list, host: str) -> None:
         """(Re)build the group of learner rank 0 and every engine, rendezvousing at `host`."""
@@ -92,9 +93,37 @@ class WeightSync:
         payload = _from_learner(sends[:1], "send_weights")[0].payload if self.transport == "cuda_ipc" else None
         self.in_flight = [w.update_weights.remote(version, payload) for w in workers]
         self.published_at = time.monotonic()
+        self.sent, self.version, self.stuck = None, version, []
+        done, _ = ray.wait(sends, num_returns=len(sends), timeout=self.clock.deadline("weight send"))
+        broke = _from_learner(sends[:1], "send_weights")[0].error if sends[0] in done else None
+        if len(done) < len(sends) or broke is not None:
+            self.stuck = self._frozen(workers, broke)  # an engine that froze before it took the broadcast holds it up
+            if self.stuck or broke:  # the others wait for buckets that will not come: they give up now
+                frozen = {i for i, _ in self.stuck}
+                told = [w.abandon_weights.remote() for i, w in enumerate(workers) if i not in frozen]
+                ray.wait(told, num_returns=len(told), timeout=self.clock.floor_s)
+            if self.stuck:
+                return {"bytes": 0, "send_s": time.monotonic() - self.published_at}
         sent: SentWeights = _from_learner(sends, "send_weights")[0]
-        self.sent, self.version = sent, version
+        if sent.error is None:
+            self.clock.record("weight send", sent.seconds)
+            self.sent = sent
         return {"bytes": sent.bytes, "send_s": sent.seconds}
+
+    def _frozen(self, workers: list, broke: str | None) -> list[tuple[int, str]]:
+        """The engines whose load is not done and that do not answer a stats call within `run.hang_floor_s`: their
+        process is frozen (or wedged) and the learner's broadcast waited on them (past its deadline, or until it
+        `broke`). The watchdog's report for each."""
+        loading = [i for i, ref in enumerate(self.in_flight or []) if not ray.wait([ref], timeout=0)[0]]
+        probes = {i: workers[i].stats.remote() for i in loading}
+        ray.wait(list(probes.values()), num_returns=len(probes), timeout=self.clock.floor_s)
+        waited = time.monotonic() - self.published_at
+        silent = f"it did not answer a stats call in {self.clock.floor_s:g} s"
+        report = (lambda i: f"rollout worker {i} did not receive version {self.version}: the learner's broadcast broke "
+                            f"after {waited:.0f} s ({broke}) and {silent}") if broke else \
+                 (lambda i: hung_message(f"rollout worker {i}", "update_weights", waited, self.clock, "weight send",
+                                         f"version {self.version} not received: the learner's broadcast waited on it; {silent}"))
+        return [(i, report(i)) for i, ref in probes.items() if not ray.wait([ref], timeout=0)[0]]
 
     def collect(self, skip: int | None = None) -> Settled:
         """Wait for the version in flight and verify it: the slowest engine's receive-and-load seconds, the engines
