@@ -51,7 +51,7 @@ def async_run(tiny_model_dir, tmp_path_factory, request):
     return out, proc
 
 
-@pytest.fixture(scope="module", params=["vllm", "sglang"])
+@pytest.fixture(scope="module", params=["vllm", pytest.param("sglang", marks=pytest.mark.extended)])
 def validated_run(tiny_model_dir, tmp_path_factory, request) -> Path:
     """The async run with validation every other step. Its own run: the validations' requests share the engine with
     the rollouts, which on SGLang and the tiny model can shift every sample's end out of the learner's 0.1 s training

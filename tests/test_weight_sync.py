@@ -15,8 +15,9 @@ TOLERANCE = 1e-3
 SEQ = [1, 4, 6, 13, 5, 8, 14, 7, 9, 2]  # "<s>13+25=46</s>" in the tiny tokenizer's ids
 
 
-@pytest.mark.parametrize("world", [1, 2])
-@pytest.mark.parametrize("engine", ["vllm", pytest.param("sglang", marks=pytest.mark.slow)])
+# learner world 1's sync is checked value for value on every vLLM engine of tests/test_weight_verify.py too
+@pytest.mark.parametrize("engine, world", [pytest.param("vllm", 1, marks=pytest.mark.extended), ("vllm", 2), pytest.param("sglang", 1, marks=pytest.mark.slow),
+                                           pytest.param("sglang", 2, marks=pytest.mark.extended)], ids=["vllm-1", "vllm-2", "sglang-1", "sglang-2"])
 def test_broadcast_reaches_the_engine(ray_local, random_model_dir, tmp_path, engine, world):
     """At learner world 2 the weights are gathered from two FSDP2 ranks' shards bucket by bucket."""
     cfg = load_config(None, [f"rollout.engine={engine}", f"learner.num_workers={world}", f"learner.num_cpus={1 / world}",

@@ -33,14 +33,17 @@ from tests.test_e2e import run_smoke
 slow = pytest.mark.slow  # everything here but the buffer test runs a real engine
 STEPS, BATCH, MAX_STALENESS = 4, 16, 1
 LONG_REQUESTS = ("rollout.max_new_tokens=48", "rollout.max_inflight_groups=1")
-ENGINES = ("vllm", "sglang")
+# SGLang's repeats of the vLLM tests here (and in test_episodes, test_e2e's validated run, test_weight_sync at learner
+# world 2) are `extended`: `make test` keeps SGLang's broadcast (test_weight_sync), its end-to-end run and checks
+# (test_e2e) and its stop strings (test_episodes), and `make test-all` runs the rest (make test had grown to 65 min
+# on 2 cores, CI allows 90)
+ENGINES = ("vllm", pytest.param("sglang", marks=pytest.mark.extended))
 
 
-# keep and resume end to end on vLLM, resume on SGLang (the mode that aborts, keeps and resubmits: the most of SGLang's
-# facade); SGLang's keep, and abort and drain, whose steps the stepped tests below check exactly, are `extended`
-# (make test had grown to 34 min on 2 cores)
-MODES = [pytest.param((e, m), id=f"{e}-{m}", marks=[pytest.mark.extended] if m in ("abort", "drain") or (e, m) == ("sglang", "keep") else [])
-         for e in ENGINES for m in ("keep", "abort", "drain", "resume")]
+# keep (the default) end to end on vLLM; resume, abort and drain, whose steps the stepped tests below check exactly,
+# and every SGLang mode are `extended`
+MODES = [pytest.param((e, m), id=f"{e}-{m}", marks=[] if (e, m) == ("vllm", "keep") else [pytest.mark.extended])
+         for e in ("vllm", "sglang") for m in ("keep", "abort", "drain", "resume")]
 
 
 @pytest.fixture(scope="module", params=MODES)
