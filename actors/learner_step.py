@@ -21,7 +21,7 @@ from asyncrl.algorithms.base import KL_ESTIMATORS, Advantages, LossOutput, Value
 from asyncrl.algorithms.correction import mismatch_metrics
 from asyncrl.core import learner_group as lg
 from asyncrl.core import memory as mem
-from asyncrl.core.batching import Batch, collate, length_sorted_micro_batches, rowwise, sequence_stats, token_logprobs, token_logprobs_batched
+from asyncrl.core.batching import Batch, collate, micro_batches, rowwise, sequence_stats, token_logprobs, token_logprobs_batched
 from asyncrl.core.config import AlgorithmConfig, Config, LearnerConfig
 from asyncrl.core.shaping import shaped_reward
 
@@ -51,6 +51,7 @@ class Trainer:
                  ref_model=None, critic=None, critic_opt=None) -> None:
         self.cfg, self.device, self.dp, self.algo, self.pad_id = cfg, device, dp, algo, pad_id
         self.model, self.opt, self.ref_model, self.critic, self.critic_opt = model, opt, ref_model, critic, critic_opt
+        self.share = cfg.learner.share_prompt  # a group's prompt runs once in its passes (asyncrl.core.batching)
         self.steps_done = 0
         self.skipped_steps = 0
         self.last_good: tuple[dict, dict] | None = None
@@ -96,15 +97,16 @@ class Trainer:
                 proximal, entropy = torch.zeros_like(batch.behavior_logprobs), torch.zeros_like(batch.behavior_logprobs)
                 rest = (~pending).nonzero().squeeze(-1)
                 if rest.numel():
-                    proximal[rest], entropy[rest] = token_logprobs_batched(self.model, batch.select(rest), temp, micro, with_entropy=True)
+                    proximal[rest], entropy[rest] = token_logprobs_batched(self.model, batch.select(rest), temp, micro, True, self.share)
             else:
-                proximal, entropy = (lg.gather_rows(t, self.dp) for t in token_logprobs_batched(self.model, mine, temp, micro, with_entropy=True))
+                proximal, entropy = (lg.gather_rows(t, self.dp) for t in token_logprobs_batched(self.model, mine, temp, micro, True, self.share))
         return StepTensors(batch, pending, fused, proximal, entropy, ref, old_values)
 
     def _update(self, s: StepTensors, metrics: dict) -> int:
         """The policy's updates, then the critic's; their metrics into `metrics`. Returns the updates skipped."""
         minis, dp, lcfg = self._mini_batches(s.batch.size), self.dp, self.cfg.learner
-        update_metrics, skipped = updates(s.batch, minis, self.opt, partial(self._policy_loss, s), "loss/policy", "learner/grad_norm", dp, lcfg)
+        update_metrics, skipped = updates(s.batch, minis, self.opt, partial(self._policy_loss, s), "loss/policy", "learner/grad_norm", dp, lcfg,
+                                          self.share)
         metrics.update(update_metrics)
         if self.critic is not None:
             critic_metrics, critic_skipped = updates(s.batch, minis, self.critic_opt, partial(self._value_loss, s), "loss/value", "critic/grad_norm", dp, lcfg)
@@ -117,7 +119,7 @@ class Trainer:
         """The algorithm's policy loss on the rows `micro` of the step (`sub`: those rows, trimmed)."""
         T = sub.width  # the micro-batch is cut to its longest row
         fill = bool(s.pending[micro].any())  # a micro-batch lies within one mini-batch: all its rows or none
-        logprobs, sub_entropy = token_logprobs(self.model, sub, self.cfg.rollout.temperature, with_entropy=fill)
+        logprobs, sub_entropy = token_logprobs(self.model, sub, self.cfg.rollout.temperature, with_entropy=fill, share=self.share)
         if fill:  # no optimizer step before this forward (or correction=none): its log-probs stand for pi_prox
             s.proximal[micro, :T], s.entropy[micro, :T] = logprobs.detach(), sub_entropy
             s.pending[micro] = False
@@ -179,9 +181,9 @@ class Trainer:
         """Log-probs of the frozen reference policy [B, T]: the initial model, or with LoRA the adapter switched off."""
         micro = self.cfg.learner.micro_batch_size
         if self.ref_model is not None:
-            return token_logprobs_batched(self.ref_model, batch, temp, micro)[0]
+            return token_logprobs_batched(self.ref_model, batch, temp, micro, share=self.share)[0]
         with self.model.disable_adapter():
-            return token_logprobs_batched(self.model, batch, temp, micro)[0]
+            return token_logprobs_batched(self.model, batch, temp, micro, share=self.share)[0]
 
     def _reference_needed(self) -> bool:
         """The KL is used (penalty, alert) or this is a monitoring step (`algorithm.kl_ref_every`)."""
@@ -219,18 +221,17 @@ class Trainer:
 
 
 def updates(batch: Batch, minis: tuple[torch.Tensor, ...], opt, loss_fn, loss_key: str, grad_key: str, dp: lg.GroupInfo,
-            lcfg: LearnerConfig) -> tuple[dict, int]:
+            lcfg: LearnerConfig, share: bool = False) -> tuple[dict, int]:
     """An update of the parameters `opt` steps per mini-batch of `minis` (rows of `batch`): the mean loss over its units
     whatever the micro-batch split and the number of learner workers (each takes its shard of every mini-batch). FSDP2
     reduce-scatters the mean of the workers' gradients: times the world size over the total units, that is the batch's
     mean. Returns the metrics and the updates skipped."""
     acc, skipped = {}, 0
     params = [p for group in opt.param_groups for p in group["params"]]  # the sharded trainable ones (LoRA: the adapter)
-    lengths = batch.attention_mask.sum(-1)  # [B]
     for mini in minis:
         opt.zero_grad(set_to_none=True)
         outs = []
-        for micro in length_sorted_micro_batches(lg.shard(mini, dp), lengths, lcfg.micro_batch_size):
+        for micro in micro_batches(batch, lg.shard(mini, dp), lcfg.micro_batch_size, share):  # share: a group's prompt once
             out = loss_fn(micro, batch.select(micro).trimmed())
             # a sum over units, divided by their total below; NaN/inf poisons the gradient on
             # purpose so the grad-norm check skips the whole update

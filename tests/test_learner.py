@@ -348,3 +348,70 @@ def test_bf16_compute_with_a_small_lr_moves_the_fp32_master_weights_and_what_the
     assert crossed > 0  # the engines receive the change
     for name, tensor in sent_after.items():  # exactly the master weights rounded to bf16
         assert torch.equal(tensor, dict(zip(dict(lrn.model.named_parameters()), after))[name].to(torch.bfloat16))
+
+
+def long_prompt_samples(n_groups=4, group_size=4, prompt_len=40):
+    """ragged_samples with each group's prompt grown to `prompt_len` tokens (an agent's tools listing): worth sharing."""
+    samples = ragged_samples()
+    for s in samples:
+        g = int(s["group_id"][1:])
+        s["prompt_ids"] = [1] + [4 + (g * 7 + j * 3) % 11 for j in range(prompt_len - 1)]
+    return samples
+
+
+def test_micro_batches_keep_a_group_together_only_where_its_prompt_is_worth_sharing():
+    from asyncrl.core.batching import micro_batches
+
+    rows = torch.arange(16)
+    short, long = collate(ragged_samples(), pad_id=0), collate(long_prompt_samples(), pad_id=0)
+    assert any(len(set(short.group_index[m].tolist())) > 1 for m in micro_batches(short, rows, 4))  # 5-token prompts: by length
+    grouped = micro_batches(long, rows, 4)
+    assert all(len(set(long.group_index[m].tolist())) == 1 for m in grouped) and sorted(torch.cat(grouped).tolist()) == list(range(16))
+    as_lists = lambda micros: [m.tolist() for m in micros]  # noqa: E731
+    assert as_lists(micro_batches(long, rows, 4, share=False)) == as_lists(micro_batches(short, rows, 4))  # off: by length, as before
+
+
+def test_a_shared_prompt_runs_once_with_the_same_logprobs_and_gradients(random_model_dir):
+    """One packed pass per micro-batch (its prompt once, then each row's tokens) gives the plain pass's log-probs and
+    gradients; the model sees P + the rows' own tokens instead of rows x their width."""
+    from asyncrl.core.batching import _packed_logits, first_response_position, shared_prefix
+
+    lrn = learner(random_model_dir)
+    sub = collate(long_prompt_samples(), pad_id=0).select(torch.arange(4)).trimmed()  # one group's rows
+    P = shared_prefix(sub)
+    assert P == 39 == first_response_position(sub)  # the whole prompt but its last token, whose logit the loss reads
+    seen = []
+    forward = lrn.model.forward
+    lrn.model.forward = lambda *a, **kw: seen.append(tuple(kw["input_ids"].shape)) or forward(*a, **kw)
+    results = []
+    shapes = []
+    for share in (False, True):
+        lrn.model.zero_grad(set_to_none=True)
+        seen.clear()
+        lp, entropy = token_logprobs(lrn.model, sub, 0.7, with_entropy=True, share=share)
+        shapes += seen
+        lp.sum().backward()
+        results.append((lp.detach(), entropy, [p.grad.clone() for p in lrn.model.parameters() if p.grad is not None]))
+    lengths = sub.attention_mask.sum(-1)
+    assert shapes == [tuple(sub.input_ids.shape), (1, P + int((lengths - P).sum()))]
+    (lp0, ent0, g0), (lp1, ent1, g1) = results
+    mask = sub.response_mask.bool()
+    torch.testing.assert_close(lp1[mask], lp0[mask], atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(ent1[mask], ent0[mask], atol=1e-5, rtol=1e-4)
+    assert len(g0) == len(g1) > 0
+    for a, b in zip(g0, g1):
+        torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-4)
+    with torch.no_grad():  # the additive mask (eager attention) and the boolean one (SDPA) agree
+        first = first_response_position(sub)
+        torch.testing.assert_close(_packed_logits(lrn.model, sub, first, P, lengths, bool_mask=False),
+                                   _packed_logits(lrn.model, sub, first, P, lengths, bool_mask=True), atol=1e-5, rtol=1e-4)
+
+
+def test_a_step_with_shared_prompts_matches_one_without(random_model_dir):
+    on, off = learner(random_model_dir, "learner.micro_batch_size=4"), learner(random_model_dir, "learner.micro_batch_size=4", "learner.share_prompt=false")
+    m_on, m_off = on.train_step(long_prompt_samples(), version=0), off.train_step(long_prompt_samples(), version=0)
+    for a, b in zip(grads(off), grads(on)):
+        assert a.abs().sum() > 0
+        torch.testing.assert_close(b, a, atol=1e-6, rtol=1e-4)
+    for key in ("loss/policy", "learner/entropy", "kl/behavior", "is_ratio/mean"):
+        assert m_on[key] == pytest.approx(m_off[key], rel=1e-4, abs=1e-6)

@@ -76,14 +76,81 @@ def first_response_position(batch: Batch) -> int:
     return int(covered[0]) if covered.numel() else batch.width
 
 
-def token_logprobs(model, batch: Batch, temperature: float, with_entropy: bool = False):
+SHARED_PREFIX_MIN = 32
+"""A micro-batch whose rows have fewer leading tokens in common than this runs in one pass."""
+
+
+def shared_prefix(batch: Batch) -> int:
+    """P: the leading tokens every row of `batch` has in common, before its first response position (where the logits
+    the loss reads begin); 0 for one row or when P < SHARED_PREFIX_MIN. A group's samples share their prompt."""
+    if batch.size < 2:
+        return 0
+    first = min(first_response_position(batch), batch.width - 1)
+    head = batch.input_ids[:, :first]
+    differs = (head != head[:1]).any(0).nonzero()
+    P = int(differs[0]) if differs.numel() else first
+    return P if P >= SHARED_PREFIX_MIN else 0
+
+
+PACKED_MAX_TOKENS = 8192
+"""A packed pass (`_packed_logits`) takes at most this many tokens: its attention mask is their square."""
+
+
+def _forward(model, batch: Batch, first: int, share: bool):
+    """The model's logits [B, L - first, V] of positions first..L-1. With `share` and a prefix of P tokens the rows
+    have in common (`shared_prefix`), one packed pass (`_packed_logits`) computes the prefix once instead of once per
+    row: a group's prompt (an agent's tools listing) once per micro-batch."""
+    impl = getattr(getattr(model, "config", None), "_attn_implementation", "sdpa")
+    P = shared_prefix(batch) if share and impl in ("sdpa", "eager") else 0
+    lengths = batch.attention_mask.sum(-1)
+    if P and P + int((lengths - P).sum()) <= PACKED_MAX_TOKENS:
+        return _packed_logits(model, batch, first, P, lengths, bool_mask=impl == "sdpa")
+    return model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, logits_to_keep=batch.input_ids.shape[1] - first).logits
+
+
+def _packed_logits(model, batch: Batch, first: int, P: int, lengths: torch.Tensor, bool_mask: bool) -> torch.Tensor:
+    """One sequence: the shared prefix, then each row's tokens after it; each row's tokens see the prefix and their own
+    earlier tokens (a 4D mask), at the positions they have in the row. The logits of each row's positions first..its
+    end, put back in [B, L - first, V] (zeros past a row's end: padding, as the loss's masks say)."""
+    B, L = batch.input_ids.shape
+    device = batch.input_ids.device
+    ends = lengths.tolist()
+    ids, pos, starts = [batch.input_ids[0, :P]], [torch.arange(P, device=device)], []
+    n = P
+    for b in range(B):
+        starts.append(n)
+        ids.append(batch.input_ids[b, P : ends[b]])
+        pos.append(torch.arange(P, ends[b], device=device))
+        n += ends[b] - P
+    allowed = torch.zeros((n, n), dtype=torch.bool, device=device)
+    allowed[:, :P] = True  # everyone sees the prefix
+    for b in range(B):  # and its own tokens before it
+        s, e = starts[b], starts[b] + ends[b] - P
+        allowed[s:e, s:e] = True
+    allowed &= torch.ones((n, n), dtype=torch.bool, device=device).tril()
+    if bool_mask:
+        mask = allowed[None, None]
+    else:
+        dtype = next(model.parameters()).dtype
+        mask = torch.zeros((1, 1, n, n), dtype=dtype, device=device).masked_fill(~allowed, torch.finfo(dtype).min)
+    kept = [max(0, ends[b] - first) for b in range(B)]  # a row cut before `first` (all its tokens masked) has none
+    rows = torch.cat([torch.full((kept[b],), b, device=device) for b in range(B)])
+    cols = torch.cat([torch.arange(kept[b], device=device) for b in range(B)])
+    keep = torch.cat([torch.arange(starts[b] + ends[b] - P - kept[b], starts[b] + ends[b] - P, device=device) for b in range(B)])
+    logits = model(input_ids=torch.cat(ids)[None], attention_mask=mask, position_ids=torch.cat(pos)[None], logits_to_keep=keep).logits[0]
+    out = logits.new_zeros((B, L - first, logits.shape[-1]))
+    out[rows, cols] = logits
+    return out
+
+
+def token_logprobs(model, batch: Batch, temperature: float, with_entropy: bool = False, share: bool = True):
     """(log-probs of each next token [B, T], entropy [B, T] without gradient or None), logits divided by temperature,
     0 outside the response. The output layer and the softmax run only from the batch's first response position on
-    (`logits_to_keep`): the prompt positions' full-vocabulary logits, most of a short answer's tokens, are never made."""
+    (`logits_to_keep`): the prompt positions' full-vocabulary logits, most of a short answer's tokens, are never made.
+    `share`: a prompt the rows have in common runs once (`_forward`)."""
     T = batch.width
     first = min(first_response_position(batch), T - 1)  # one position at least: an update's loss keeps its graph
-    keep = T + 1 - first  # the logits of positions first..L-1; the last position's predicts nothing
-    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, logits_to_keep=keep).logits[:, :-1].float()
+    logits = _forward(model, batch, first, share)[:, :-1].float()  # positions first..L-1; the last predicts nothing
     logp = torch.log_softmax(logits / temperature, dim=-1)  # [B, T - first, V]
     chosen = logp.gather(-1, batch.input_ids[:, first + 1 :, None]).squeeze(-1)
     pad = lambda t: torch.nn.functional.pad(t, (first, 0))  # noqa: E731  back to [B, T]
@@ -100,14 +167,53 @@ def length_sorted_micro_batches(rows: torch.Tensor, lengths: torch.Tensor, size:
     return rows[torch.argsort(lengths[rows], stable=True)].split(size)
 
 
-def rowwise(fn, batch: Batch, size: int) -> tuple[torch.Tensor | None, ...]:
-    """`fn(sub)` -> per-token tensors [b, t] (or None) of each length-sorted micro-batch of `size` rows cut to its
-    longest row, put back in the batch's row order as [B, T] tensors (0 beyond a micro-batch's width). For the passes
-    without gradient over a whole batch (the proximal, reference and value passes): their memory is a micro-batch's
-    logits, not the batch's, and their padding is a micro-batch's."""
+def group_micro_batches(rows: torch.Tensor, lengths: torch.Tensor, groups: torch.Tensor, size: int) -> tuple[torch.Tensor, ...]:
+    """`rows` split by group (in order of first appearance), each group's length-sorted and cut into micro-batches of
+    at most `size`: a micro-batch never mixes two groups, so its rows share their prompt."""
+    out: list[torch.Tensor] = []
+    for g in dict.fromkeys(groups[rows].tolist()):
+        mine = rows[groups[rows] == g]
+        out += mine[torch.argsort(lengths[mine], stable=True)].split(size)
+    return tuple(out)
+
+
+def positions(micros: tuple[torch.Tensor, ...], lengths: torch.Tensor, starts: torch.Tensor, groups: torch.Tensor | None) -> int:
+    """Token positions the passes over `micros` compute: each cut to its longest row; with `groups`, a micro-batch
+    within one group computes its rows' common prompt (up to the earliest response start of `starts`) once."""
+    total = 0
+    for micro in micros:
+        width, rows = int(lengths[micro].max()), len(micro)
+        prefix = int(starts[micro].min()) if groups is not None and rows > 1 and len(set(groups[micro].tolist())) == 1 else 0
+        prefix = prefix if prefix >= SHARED_PREFIX_MIN else 0
+        total += prefix + rows * (width - prefix)
+    return total
+
+
+def micro_batches(batch: Batch, rows: torch.Tensor, size: int, share: bool = True) -> tuple[torch.Tensor, ...]:
+    """The micro-batches of `rows`: length-sorted (`length_sorted_micro_batches`), or with `share` one group at a time
+    (`group_micro_batches`) where that computes fewer token positions, each group's prompt once (`_forward`): for
+    long prompts and short answers (an agent's tools listing), about a group's size fewer."""
+    lengths = batch.attention_mask.sum(-1)
+    plain = length_sorted_micro_batches(rows, lengths, size)
+    if not share or rows.numel() < 2:
+        return plain
+    grouped = group_micro_batches(rows, lengths, batch.group_index, size)
+    mask = batch.response_mask > 0
+    starts = torch.where(mask.any(-1), mask.float().argmax(-1), lengths - 1)  # each row's first response position
+    if positions(grouped, lengths, starts, batch.group_index) < positions(plain, lengths, starts, None):
+        return grouped
+    return plain
+
+
+def rowwise(fn, batch: Batch, size: int, share: bool = False) -> tuple[torch.Tensor | None, ...]:
+    """`fn(sub)` -> per-token tensors [b, t] (or None) of each micro-batch of `size` rows (`micro_batches`; `share`: a
+    group's rows together where their prompt is worth sharing) cut to its longest row, put back in the batch's row
+    order as [B, T] tensors (0 beyond a micro-batch's width). For the passes without gradient over a whole batch (the
+    proximal, reference and value passes): their memory is a micro-batch's logits, not the batch's, and their padding
+    is a micro-batch's."""
     out: list[torch.Tensor | None] | None = None
     rows = torch.arange(batch.size, device=batch.input_ids.device)
-    for micro in length_sorted_micro_batches(rows, batch.attention_mask.sum(-1), size):
+    for micro in micro_batches(batch, rows, size, share):
         parts = fn(batch.select(micro).trimmed())
         if out is None:
             out = [None if p is None else p.new_zeros((batch.size, batch.width)) for p in parts]
@@ -117,10 +223,10 @@ def rowwise(fn, batch: Batch, size: int) -> tuple[torch.Tensor | None, ...]:
     return tuple(out or ())
 
 
-def token_logprobs_batched(model, batch: Batch, temperature: float, size: int, with_entropy: bool = False):
+def token_logprobs_batched(model, batch: Batch, temperature: float, size: int, with_entropy: bool = False, share: bool = True):
     """`token_logprobs` of a whole batch without gradient, computed `size` rows at a time (see `rowwise`)."""
     with torch.no_grad():
-        return rowwise(lambda sub: token_logprobs(model, sub, temperature, with_entropy), batch, size)
+        return rowwise(lambda sub: token_logprobs(model, sub, temperature, with_entropy, share), batch, size, share)
 
 
 def sequence_stats(samples: list[dict], version: int) -> dict[str, float]:
