@@ -66,6 +66,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = parser.parse_args()
     start = provenance(sys.argv[1:])
+    sys.path.insert(0, str(ROOT))  # the config's agent module loads from the repository
     from asyncrl.core.config import load_config
 
     cfg = load_config(args.config)
