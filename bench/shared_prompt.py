@@ -46,7 +46,7 @@ def render(data: dict) -> str:
     return "\n".join([
         f"The learner of `{Path(data['config']).name}` on a synthetic batch of {data['batch']} samples ({data['group_size']} a group), "
         f"{data['prompt']} prompt + {data['response']} answer tokens each, micro-batches of {data['micro_batch']}; s per train step, "
-        f"median of {data['steps'] - 1} steps after the first in each of {data['repeats']} alternating runs a case:",
+        f"median of the {data['steps'] - 1 if data['steps'] > 2 else ''} step{'s' if data['steps'] > 2 else ''} after the first in each of {data['repeats']} alternating runs a case:".replace("the  step", "the step"),
         "",
         "| `learner.share_prompt` | s per step (median) | runs | speedup | bound (positions computed, off / on) |",
         "|---|---|---|---|---|",
