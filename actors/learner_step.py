@@ -97,9 +97,9 @@ class Trainer:
                 proximal, entropy = torch.zeros_like(batch.behavior_logprobs), torch.zeros_like(batch.behavior_logprobs)
                 rest = (~pending).nonzero().squeeze(-1)
                 if rest.numel():
-                    proximal[rest], entropy[rest] = token_logprobs_batched(self.model, batch.select(rest), temp, micro, True, self.share)
+                    proximal[rest], entropy[rest] = token_logprobs_batched(self.model, batch.select(rest), temp, micro, with_entropy=True, share=self.share)
             else:
-                proximal, entropy = (lg.gather_rows(t, self.dp) for t in token_logprobs_batched(self.model, mine, temp, micro, True, self.share))
+                proximal, entropy = (lg.gather_rows(t, self.dp) for t in token_logprobs_batched(self.model, mine, temp, micro, with_entropy=True, share=self.share))
         return StepTensors(batch, pending, fused, proximal, entropy, ref, old_values)
 
     def _update(self, s: StepTensors, metrics: dict) -> int:

@@ -130,7 +130,7 @@ def _packed_logits(model, batch: Batch, first: int, P: int, lengths: torch.Tenso
     for b in range(B):  # and its own tokens before it
         s, e = starts[b], starts[b] + ends[b] - P
         allowed[s:e, s:e] = True
-    allowed &= torch.ones((n, n), dtype=torch.bool, device=device).tril()
+    allowed = allowed.tril()  # and nothing after itself
     if bool_mask:
         mask = allowed[None, None]
     else:

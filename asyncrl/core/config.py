@@ -331,7 +331,7 @@ class LearnerConfig(_Section):
     lora: LoRAConfig = Field(default_factory=LoRAConfig)
     """LoRA RL (learner.lora.rank > 0) instead of full fine-tuning."""
     share_prompt: bool = True
-    """A group's samples share their prompt: the learner's passes take a group's rows together and run the prompt once, its keys and values repeated for each sample's tokens (gradients reach it through them), where that computes fewer positions than length-sorted micro-batches. For long prompts and short answers (an agent's tools listing), up to a group's size fewer; numerically the same passes up to float rounding. SDPA and eager attention only (FlashAttention-2 takes no 4D mask: the plain passes run)."""
+    """A group's samples share their prompt: the learner's passes take a group's rows together and run them as one packed sequence, the prompt once and then each sample's own tokens with a 4D attention mask and the positions they have in their row (gradients reach the prompt through its keys and values), where that computes fewer positions than length-sorted micro-batches. For long prompts and short answers (an agent's tools listing), up to a group's size fewer; numerically the same passes up to float rounding. SDPA and eager attention only (FlashAttention-2 takes no 4D mask: the plain passes run)."""
     gradient_checkpointing: bool = False
     """Activation checkpointing on the decoder layers: each layer's activations are recomputed in the backward pass instead of kept (about a third more compute, activation memory of one layer instead of all)."""
     offload: bool = False

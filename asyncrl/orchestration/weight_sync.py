@@ -114,7 +114,7 @@ class WeightSync:
         """The engines whose load is not done and that do not answer a stats call within `run.hang_floor_s`: their
         process is frozen (or wedged) and the learner's broadcast waited on them (past its deadline, or until it
         `broke`). The watchdog's report for each."""
-        loading = [i for i, ref in enumerate(self.in_flight or []) if not ray.wait([ref], timeout=0)[0]]
+        loading = [i for i, ref in enumerate(self.in_flight) if not ray.wait([ref], timeout=0)[0]]
         probes = {i: workers[i].stats.remote() for i in loading}
         ray.wait(list(probes.values()), num_returns=len(probes), timeout=self.clock.floor_s)
         waited = time.monotonic() - self.published_at
