@@ -52,6 +52,7 @@ class Trainer:
         self.cfg, self.device, self.dp, self.algo, self.pad_id = cfg, device, dp, algo, pad_id
         self.model, self.opt, self.ref_model, self.critic, self.critic_opt = model, opt, ref_model, critic, critic_opt
         self.share = cfg.learner.share_prompt  # a group's prompt runs once in its passes (asyncrl.core.batching)
+        self.agree = lambda n: lg.max_int(n, dp)  # the workers' passes: as many micro-batches on each (FSDP2 gathers per pass)
         self.steps_done = 0
         self.skipped_steps = 0
         self.last_good: tuple[dict, dict] | None = None
@@ -97,9 +98,9 @@ class Trainer:
                 proximal, entropy = torch.zeros_like(batch.behavior_logprobs), torch.zeros_like(batch.behavior_logprobs)
                 rest = (~pending).nonzero().squeeze(-1)
                 if rest.numel():
-                    proximal[rest], entropy[rest] = token_logprobs_batched(self.model, batch.select(rest), temp, micro, with_entropy=True, share=self.share)
+                    proximal[rest], entropy[rest] = token_logprobs_batched(self.model, batch.select(rest), temp, micro, with_entropy=True, share=self.share, agree=self.agree)
             else:
-                proximal, entropy = (lg.gather_rows(t, self.dp) for t in token_logprobs_batched(self.model, mine, temp, micro, with_entropy=True, share=self.share))
+                proximal, entropy = (lg.gather_rows(t, self.dp) for t in token_logprobs_batched(self.model, mine, temp, micro, with_entropy=True, share=self.share, agree=self.agree))
         return StepTensors(batch, pending, fused, proximal, entropy, ref, old_values)
 
     def _update(self, s: StepTensors, metrics: dict) -> int:
@@ -181,9 +182,9 @@ class Trainer:
         """Log-probs of the frozen reference policy [B, T]: the initial model, or with LoRA the adapter switched off."""
         micro = self.cfg.learner.micro_batch_size
         if self.ref_model is not None:
-            return token_logprobs_batched(self.ref_model, batch, temp, micro, share=self.share)[0]
+            return token_logprobs_batched(self.ref_model, batch, temp, micro, share=self.share, agree=self.agree)[0]
         with self.model.disable_adapter():
-            return token_logprobs_batched(self.model, batch, temp, micro, share=self.share)[0]
+            return token_logprobs_batched(self.model, batch, temp, micro, share=self.share, agree=self.agree)[0]
 
     def _reference_needed(self) -> bool:
         """The KL is used (penalty, alert) or this is a monitoring step (`algorithm.kl_ref_every`)."""
@@ -231,7 +232,7 @@ def updates(batch: Batch, minis: tuple[torch.Tensor, ...], opt, loss_fn, loss_ke
     for mini in minis:
         opt.zero_grad(set_to_none=True)
         outs = []
-        for micro in micro_batches(batch, lg.shard(mini, dp), lcfg.micro_batch_size, share):  # share: a group's prompt once
+        for micro in micro_batches(batch, lg.shard(mini, dp), lcfg.micro_batch_size, share, lambda n: lg.max_int(n, dp)):  # share: a group's prompt once
             out = loss_fn(micro, batch.select(micro).trimmed())
             # a sum over units, divided by their total below; NaN/inf poisons the gradient on
             # purpose so the grad-norm check skips the whole update

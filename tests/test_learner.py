@@ -371,6 +371,26 @@ def test_micro_batches_keep_a_group_together_only_where_its_prompt_is_worth_shar
     assert as_lists(micro_batches(long, rows, 4, share=False)) == as_lists(micro_batches(short, rows, 4))  # off: by length, as before
 
 
+def test_workers_of_a_learner_group_run_as_many_micro_batches_each_still_within_one_group():
+    """Two workers' shards of the same batch can group into different numbers of micro-batches (a shard that cuts a
+    group in two has one more); FSDP2 gathers every layer in each pass, so a worker running fewer would leave the
+    other's collectives unmatched (gloo aborts the run). `agree` gives the group's largest count; each worker cuts to it."""
+    from asyncrl.core.batching import micro_batches, split_to
+
+    batch = collate(long_prompt_samples(), pad_id=0)
+    shards = (torch.tensor([0, 1, 2, 3, 4, 5]), torch.tensor([6, 7, 8, 12, 13, 14]))  # rows of 2 groups vs of 3
+    counts = [len(micro_batches(batch, rows, 4)) for rows in shards]
+    assert counts[0] != counts[1]
+    for rows in shards:
+        micros = micro_batches(batch, rows, 4, agree=lambda n: max(counts))
+        assert len(micros) == max(counts)
+        assert sorted(torch.cat(micros).tolist()) == rows.tolist()
+        assert all(len(set(batch.group_index[m].tolist())) == 1 for m in micros)
+    assert [m.tolist() for m in split_to((torch.tensor([3, 1, 2]), torch.tensor([5])), 3)] == [[3, 1], [2], [5]]
+    with pytest.raises(ValueError, match="cannot split 4 rows into 5"):
+        split_to((torch.tensor([3, 1, 2]), torch.tensor([5])), 5)
+
+
 def test_a_shared_prompt_runs_once_with_the_same_logprobs_and_gradients(random_model_dir):
     """One packed pass per micro-batch (its prompt once, then each row's tokens) gives the plain pass's log-probs and
     gradients; the model sees P + the rows' own tokens instead of rows x their width."""

@@ -114,12 +114,14 @@ def _abandoned_end(rank: int, port: int, results) -> None:
     group = init_group("127.0.0.1", port, rank, 2, "gloo", "asyncrl-weights-test", timeout_s=60)
     if rank == 1:
         receiver = WeightReceiver(group, meta, plan_buckets(meta, 130_000), torch.device("cpu"))
-        threading.Timer(1.0, lambda: results.update(told=abandon_receives())).start()
+        timer = threading.Timer(1.0, lambda: results.update(told=abandon_receives()))
+        timer.start()
         t0 = time.monotonic()
         try:
             receiver.receive()
         except RuntimeError as exc:
             results["error"], results["after_s"] = str(exc), time.monotonic() - t0
+        timer.join()  # the receive may fail before the timer's thread records how many it told
     results[f"done{rank}"] = True
     while len([k for k in results.keys() if k.startswith("done")]) < 2:
         time.sleep(0.05)

@@ -8,6 +8,7 @@ observation tokens, so every algorithm trains on episodes unchanged.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 
 import torch
@@ -192,23 +193,39 @@ def positions(micros: tuple[torch.Tensor, ...], lengths: torch.Tensor, starts: t
     return total
 
 
-def micro_batches(batch: Batch, rows: torch.Tensor, size: int, share: bool = True) -> tuple[torch.Tensor, ...]:
+def split_to(micros: tuple[torch.Tensor, ...], count: int) -> tuple[torch.Tensor, ...]:
+    """`micros` with the one of most rows cut in two (in order, so each half stays length-sorted and within its group)
+    until there are `count`: every worker of a learner group must run as many passes, since FSDP2 gathers each layer's
+    parameters in each pass. `count` is at most the rows of `micros` (each worker holds as many rows)."""
+    out = list(micros)
+    if count > sum(len(m) for m in out):
+        raise ValueError(f"cannot split {sum(len(m) for m in out)} rows into {count} micro-batches")
+    while len(out) < count:
+        i = max(range(len(out)), key=lambda j: len(out[j]))
+        out[i : i + 1] = list(out[i].tensor_split(2))
+    return tuple(out)
+
+
+Agree = Callable[[int], int]  # this worker's number of micro-batches -> the learner group's largest
+
+
+def micro_batches(batch: Batch, rows: torch.Tensor, size: int, share: bool = True, agree: Agree | None = None) -> tuple[torch.Tensor, ...]:
     """The micro-batches of `rows`: length-sorted (`length_sorted_micro_batches`), or with `share` one group at a time
     (`group_micro_batches`) where that computes fewer token positions, each group's prompt once (`_forward`): for
-    long prompts and short answers (an agent's tools listing), about a group's size fewer."""
+    long prompts and short answers (an agent's tools listing), about a group's size fewer. With `share`, workers of a
+    learner group may count different numbers: `agree` gives the group's largest, and this worker's are `split_to` it."""
     lengths = batch.attention_mask.sum(-1)
     plain = length_sorted_micro_batches(rows, lengths, size)
     if not share or rows.numel() < 2:
-        return plain
+        return plain if agree is None else split_to(plain, agree(len(plain)))
     grouped = group_micro_batches(rows, lengths, batch.group_index, size)
     mask = batch.response_mask > 0
     starts = torch.where(mask.any(-1), mask.float().argmax(-1), lengths - 1)  # each row's first response position
-    if positions(grouped, lengths, starts, batch.group_index) < positions(plain, lengths, starts, None):
-        return grouped
-    return plain
+    chosen = grouped if positions(grouped, lengths, starts, batch.group_index) < positions(plain, lengths, starts, None) else plain
+    return chosen if agree is None else split_to(chosen, agree(len(chosen)))
 
 
-def rowwise(fn, batch: Batch, size: int, share: bool = False) -> tuple[torch.Tensor | None, ...]:
+def rowwise(fn, batch: Batch, size: int, share: bool = False, agree: Agree | None = None) -> tuple[torch.Tensor | None, ...]:
     """`fn(sub)` -> per-token tensors [b, t] (or None) of each micro-batch of `size` rows (`micro_batches`; `share`: a
     group's rows together where their prompt is worth sharing) cut to its longest row, put back in the batch's row
     order as [B, T] tensors (0 beyond a micro-batch's width). For the passes without gradient over a whole batch (the
@@ -216,7 +233,7 @@ def rowwise(fn, batch: Batch, size: int, share: bool = False) -> tuple[torch.Ten
     is a micro-batch's."""
     out: list[torch.Tensor | None] | None = None
     rows = torch.arange(batch.size, device=batch.input_ids.device)
-    for micro in micro_batches(batch, rows, size, share):
+    for micro in micro_batches(batch, rows, size, share, agree):
         parts = fn(batch.select(micro).trimmed())
         if out is None:
             out = [None if p is None else p.new_zeros((batch.size, batch.width)) for p in parts]
@@ -226,10 +243,11 @@ def rowwise(fn, batch: Batch, size: int, share: bool = False) -> tuple[torch.Ten
     return tuple(out or ())
 
 
-def token_logprobs_batched(model, batch: Batch, temperature: float, size: int, with_entropy: bool = False, share: bool = True):
+def token_logprobs_batched(model, batch: Batch, temperature: float, size: int, with_entropy: bool = False, share: bool = True,
+                           agree: Agree | None = None):
     """`token_logprobs` of a whole batch without gradient, computed `size` rows at a time (see `rowwise`)."""
     with torch.no_grad():
-        return rowwise(lambda sub: token_logprobs(model, sub, temperature, with_entropy, share), batch, size, share)
+        return rowwise(lambda sub: token_logprobs(model, sub, temperature, with_entropy, share), batch, size, share, agree)
 
 
 def sequence_stats(samples: list[dict], version: int) -> dict[str, float]:

@@ -75,6 +75,15 @@ def sum_scalar(value: float, g: GroupInfo) -> float:
     return t.item()
 
 
+def max_int(value: int, g: GroupInfo) -> int:
+    """The largest `value` over the group's workers."""
+    if g.world == 1:
+        return value
+    t = torch.tensor([value], dtype=torch.int64, device=_comm_device(g))
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
+
+
 def reduce_metrics(metrics: dict[str, float], g: GroupInfo) -> dict[str, float]:
     """Sum weighted means over the group; keys ending /max or /min keep the extreme."""
     if g.world == 1:
