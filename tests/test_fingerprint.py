@@ -78,7 +78,8 @@ def test_verify_names_the_engine_and_version_and_counts_engines_that_cannot_fing
     settled = verify(3, sent, reports, "float32", spent_s=0.05)
     assert settled.load_s == 0.3 and settled.verified == 2 and settled.unverified == 1
     assert [m.engine for m in settled.mismatched] == [1]
-    assert settled.verify_s == pytest.approx(0.07)
+    assert settled.verify_s == pytest.approx(0.07)  # the learner's 0.05 and the slowest engine's 0.02, apart too
+    assert (settled.metrics()["verify_learner_s"], settled.metrics()["verify_engine_s"]) == pytest.approx((0.05, 0.02))
     err = settled.mismatched[0]
     assert isinstance(err, WeightMismatch) and "rollout worker 1" in str(err) and "version 3" in str(err) and "w:" in str(err)
     assert settled.metrics()["verified"] == pytest.approx(2 / 3) and settled.metrics()["mismatches"] == 1

@@ -79,7 +79,8 @@ def timing_metrics(step_s: float, waited_s: float, compute_s: float, sync: dict)
         "time/learner_compute_s": compute_s, "time/weight_sync_s": sync["seconds"], "time/weight_sync_frac": sync["seconds"] / step_s,
         "weights/sync_bytes": sync["bytes"], "time/weight_settle_s": sync["settle_s"], "time/weight_send_s": sync["send_s"],
         "time/weight_load_s": sync["load_s"], "time/eval_wait_s": sync.get("eval_wait_s", 0.0),
-        **({"sync/verified": sync["verified"], "sync/mismatches": sync["mismatches"], "time/weight_verify_s": sync["verify_s"]}
+        **({"sync/verified": sync["verified"], "sync/mismatches": sync["mismatches"], "time/weight_verify_s": sync["verify_s"],
+            "time/weight_verify_learner_s": sync["verify_learner_s"], "time/weight_verify_engine_s": sync["verify_engine_s"]}
            if "verified" in sync else {}),
     }
 

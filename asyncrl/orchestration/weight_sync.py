@@ -34,11 +34,17 @@ class Settled:
     mismatched: list[WeightMismatch] = field(default_factory=list)
     verified: int = 0  # engines whose fingerprints were compared
     unverified: int = 0  # engines that could not fingerprint (SGLang, tensor parallelism)
-    verify_s: float = 0.0  # the slowest engine's fingerprinting plus the learner's
+    verify_learner_s: float = 0.0  # the learner fingerprinting what it sent (while the buckets are on the wire)
+    verify_engine_s: float = 0.0  # the slowest engine fingerprinting what it serves (its generation paused)
+
+    @property
+    def verify_s(self) -> float:
+        return self.verify_learner_s + self.verify_engine_s
 
     def metrics(self) -> dict:
         checked = self.verified + self.unverified
-        return {"load_s": self.load_s, "verify_s": self.verify_s,
+        return {"load_s": self.load_s, "verify_s": self.verify_s, "verify_learner_s": self.verify_learner_s,
+                "verify_engine_s": self.verify_engine_s,
                 **({"verified": self.verified / checked, "mismatches": len(self.mismatched)} if checked else {})}
 
 
@@ -47,7 +53,7 @@ def verify(version: int, sent: dict | None, reports: dict[int, LoadReport], dtyp
     out = Settled(load_s=max((r.seconds for r in reports.values()), default=0.0))
     if sent is None:
         return out
-    out.verify_s = spent_s + max((r.verify_s for r in reports.values()), default=0.0)
+    out.verify_learner_s, out.verify_engine_s = spent_s, max((r.verify_s for r in reports.values()), default=0.0)
     for i, report in sorted(reports.items()):
         if report.fingerprint is None:
             out.unverified += 1
