@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from asyncrl.actors.learner import Learner
-from tests.test_learner import fake_samples, learner
+from tests.test_learner import fake_samples, learner, long_prompt_samples, ragged_samples
 
 # mini_batches=2 checks that each worker takes its shard of every mini-batch; micro_batch_size=3
 # that accumulation inside a worker composes with the all-reduce across workers
@@ -12,7 +12,17 @@ CASES = {
     "grpo": ["learner.mini_batches=2", "learner.micro_batch_size=3"],
     "ppo": ["algorithm.name=ppo", "learner.micro_batch_size=5", "algorithm.loss_agg=seq_mean"],
     "lora": ["learner.lora.rank=4", "learner.lora.alpha=8", "learner.micro_batch_size=3"],  # only the adapter is all-reduced
+    "shared_prompt": ["learner.micro_batch_size=3"],  # see mixed_prompt_samples
 }
+
+
+def mixed_prompt_samples() -> list[dict]:
+    """Two groups with 40-token prompts (rank 0's shard: grouped, a group's prompt once, 4 micro-batches of at most
+    3) and two with 5-token prompts (rank 1's: length-sorted, 3): the workers must still run as many passes."""
+    return long_prompt_samples()[:8] + ragged_samples()[8:]
+
+
+SAMPLES = {"shared_prompt": mixed_prompt_samples}
 LR = 1e-5
 
 
@@ -20,7 +30,8 @@ LR = 1e-5
 def test_two_learner_workers_match_one(ray_local, random_model_dir, case):
     overrides = [f"learner.lr={LR}", "learner.num_workers=2", *CASES[case]]
     single = learner(random_model_dir, *overrides)
-    single_metrics = [single.train_step(fake_samples(), version=0) for _ in range(2)]
+    samples = SAMPLES.get(case, fake_samples)
+    single_metrics = [single.train_step(samples(), version=0) for _ in range(2)]
     expected = single.parameters_and_grads()
 
     cfg = single.cfg
@@ -31,7 +42,7 @@ def test_two_learner_workers_match_one(ray_local, random_model_dir, case):
     assert held[0][1] == held[1][1] and held[0][0] + held[1][0] == held[0][1]  # sharded: each rank holds its part
     assert max(h for h, _ in held) <= 0.6 * held[0][1]
     for _ in range(2):
-        group_metrics = ray_local.get([a.train_step.remote(fake_samples(), 0) for a in actors])
+        group_metrics = ray_local.get([a.train_step.remote(samples(), 0) for a in actors])
     ranks = ray_local.get([a.parameters_and_grads.remote() for a in actors])
     for name, (param, grad) in expected.items():
         w0, g0 = ranks[0][name]
