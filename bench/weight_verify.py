@@ -37,12 +37,11 @@ def summarize(metrics: list[dict]) -> dict:
             raise ValueError(f"step {m['step']}: verified {m['sync/verified']}, mismatches {m['sync/mismatches']} (a clean run must verify every engine)")
         if min(m["time/weight_verify_s"], m["time/weight_send_s"], m["time/weight_load_s"]) <= 0:
             raise ValueError(f"step {m['step']}: a time that is not positive ({m})")
-    med = {k: statistics.median(m[k] for m in rows) for k in ("time/weight_verify_s", "time/weight_send_s", "time/weight_load_s", *SPLIT)
-           if all(k in m for m in rows)}
+    keys = [k for k in ("time/weight_verify_s", "time/weight_send_s", "time/weight_load_s", *SPLIT) if all(k in m for m in rows)]
+    med = {k: statistics.median(m[k] for m in rows) for k in keys}
     return {"syncs": len(rows), "bytes": rows[-1]["weights/sync_bytes"], **med,
             "ratio": med["time/weight_verify_s"] / (med["time/weight_send_s"] + med["time/weight_load_s"]),
-            "per_sync": [{k: m[k] for k in ("step", "time/weight_verify_s", "time/weight_send_s", "time/weight_load_s", *SPLIT) if k in m}
-                         for m in rows]}
+            "per_sync": [{k: m[k] for k in ("step", *keys)} for m in rows]}
 
 
 def render(data: dict) -> str:
