@@ -27,6 +27,7 @@ class WeightSync:
         self.lcfg, self.device, self.compute_dtype = lcfg, device, compute_dtype
         self.model, self.lora_modules = model, lora_modules
         self.sender = None
+        self.sends = 0  # weight versions sent: which rows the fingerprints check (learner.verify_stride)
         self.sync_meta, self.buckets = None, None
 
     def plan(self) -> None:
@@ -101,13 +102,17 @@ class WeightSync:
     def _fingerprinted(self, flats: Iterator[torch.Tensor], into: dict, spent: list[float]) -> Iterator[torch.Tensor]:
         """`flats` as they come, each tensor's fingerprint (asyncrl.core.fingerprint) taken from the bytes sent into
         `into`, while its bucket's broadcast is under way (the sender posts a bucket before it asks for the next);
-        `spent[0]` adds up the seconds."""
+        a matrix's rows every `learner.verify_stride`-th, from a phase that moves on each sync; `spent[0]` adds up
+        the CPU seconds this thread spent on it (its wall time would count the send's own threads, which share the
+        learner's core meanwhile)."""
+        stride, phase = self.lcfg.verify_stride, self.sends
+        self.sends += 1
         for flat, bucket in zip(flats, self.buckets):
             yield flat
-            t0 = time.monotonic()
+            t0 = time.thread_time()
             for name, view in unpack(flat, self.sync_meta, bucket):
-                into[name] = fingerprint(view)
-            spent[0] += time.monotonic() - t0
+                into[name] = fingerprint(view, stride, phase)
+            spent[0] += time.thread_time() - t0
 
     def weights_loaded(self) -> None:
         """Every engine has loaded the version sent last: what was kept for it may go."""

@@ -4,8 +4,9 @@
 
 One asyncrl run of the config with every parameter sent at each sync (`learner.lora.rank=0`), a sync every step,
 one group a step with short answers (the sync is measured, not the training) and verification on (`learner.verify_weights`). From its metrics, for each sync settled during the run (the first
-step's publish settles nothing): `time/weight_verify_s` (the learner fingerprinting what it sent, while the buckets
-are on the wire, plus the slowest engine fingerprinting what it serves) against the sync's own time,
+step's publish settles nothing): `time/weight_verify_s` (the learner's CPU time fingerprinting what it sent, while the
+buckets are on the wire, one row in `learner.verify_stride` of each matrix, plus the slowest engine's wall time
+fingerprinting what it serves, its generation paused) against the sync's own time,
 `time/weight_send_s` + `time/weight_load_s`. The ratio is of medians over those syncs. Writes
 bench/results/weight_verify_<config>.{json,md}; exits non-zero when a settled sync was not verified on every engine,
 found a mismatch (a clean run must not), or a time is not positive.
@@ -47,11 +48,13 @@ def summarize(metrics: list[dict]) -> dict:
 def render(data: dict) -> str:
     r = data
     split = all(k in r for k in SPLIT)
-    parts = (f" ({1000 * r[SPLIT[0]]:.0f} ms learner, {1000 * r[SPLIT[1]]:.0f} ms engine)" if split
+    parts = (f" ({1000 * r[SPLIT[0]]:.0f} ms learner CPU, {1000 * r[SPLIT[1]]:.0f} ms engine)" if split
              else " (not recorded apart)")
     return "\n".join([
         f"Verifying each weight sync, `{r['config']}` with every parameter sent ({r['bytes'] / 2**20:.0f} MiB a sync), "
-        f"medians over {r['syncs']} settled syncs of one run:", "",
+        f"medians over {r['syncs']} settled syncs of one run"
+        + (f"; the learner checks one row in {r['verify_stride']} of each matrix, a different share each sync:" if r.get("verify_stride", 1) > 1
+           else ", every row checked:" if "verify_stride" in r else ":"), "",
         "| learner + engine fingerprinting | learner send | engine receive and load | verification / sync | target |",
         "|---|---|---|---|---|",
         f"| {1000 * r['time/weight_verify_s']:.0f} ms{parts} | {1000 * r['time/weight_send_s']:.0f} ms | "
@@ -72,7 +75,10 @@ def main() -> None:
     shutil.rmtree(ROOT / run_dir, ignore_errors=True)  # scratch: a run left there would resume from its checkpoint
     run_asyncrl(args.config, overrides)
     metrics = [json.loads(line) for line in (ROOT / run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    result = {"config": str(args.config), "overrides": overrides, **summarize(metrics)}
+    import yaml
+
+    stride = yaml.safe_load((ROOT / run_dir / "config.yaml").read_text())["learner"]["verify_stride"]
+    result = {"config": str(args.config), "overrides": overrides, "verify_stride": stride, **summarize(metrics)}
     publish(args.out, f"weight_verify_{args.config.stem}", "weight_verify", result, sys.argv[1:], start)
 
 

@@ -53,6 +53,25 @@ def test_the_first_tensor_that_differs_in_the_sync_order_is_named():
     assert nan is not None and math.isinf(nan.excess)
 
 
+def test_checking_every_other_row_skips_the_rest_and_catches_a_wrong_row_on_its_phase():
+    torch.manual_seed(0)
+    w, norm = torch.randn(10, 32), torch.randn(32)
+    half = fingerprint(w, 2, 1)
+    assert half[0::2].isnan().all() and torch.allclose(half[1::2], fingerprint(w)[1::2])
+    assert torch.equal(fingerprint(norm, 2, 1), fingerprint(norm))  # a 1-D tensor: always checked
+    garbled = w.clone()
+    garbled[4] += 1.0  # a row of phase 0
+    served = {"w": fingerprint(garbled)}
+    assert first_mismatch({"w": fingerprint(w, 2, 1)}, served, "float32") is None  # not checked this sync
+    m = first_mismatch({"w": fingerprint(w, 2, 2)}, served, "float32")  # the next sync's phase (2 % 2 = 0)
+    assert m is not None and m.name == "w" and m.row == 4
+    everywhere = {"w": fingerprint(w * 1.5)}  # wrong in every row: caught on either phase
+    assert all(first_mismatch({"w": fingerprint(w, 2, p)}, everywhere, "float32") is not None for p in (0, 1))
+    nan_row = fingerprint(w)
+    nan_row[3] = float("nan")  # the engine serves NaN on a checked row
+    assert first_mismatch({"w": fingerprint(w, 2, 1)}, {"w": nan_row}, "float32").row == 3
+
+
 class _Fused(torch.nn.Module):
     def __init__(self, sizes):
         super().__init__()

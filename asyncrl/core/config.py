@@ -302,6 +302,8 @@ class LearnerConfig(_Section):
     """Weights are broadcast in flat buckets of at most this many MiB."""
     verify_weights: bool = True
     """After every weight sync each engine fingerprints the weights it serves and the learner compares them with what it sent (a fixed random projection per tensor; docs/fault-tolerance.md)."""
+    verify_stride: int = Field(2, ge=1)
+    """The learner checks every this-many-th row of each weight matrix's fingerprint, a different share each sync (1: every row every sync; its cost falls this many times, an engine's does not; docs/fault-tolerance.md)."""
     on_weight_mismatch: Literal["stop", "resend", "replace"] = "resend"
     """What a failed verification does: stop (the run ends with an error naming the engine, version and tensor), resend (the version is sent again once; a second mismatch stops) or replace (the engine is replaced like a crashed one, within rollout.max_restarts)."""
     backend: Literal["auto", "gloo", "nccl"] = "auto"

@@ -8,6 +8,12 @@ linear layers, so their weights cannot be read back: the layer is applied to r i
 A projection is linear, so a fused layer's (q, k and v in one `qkv_proj`) is its parts' vectors one after the
 other: the engine splits it at the parts' output sizes and fingerprints every checkpoint tensor by its own name.
 
+Only some rows need be checked: with `stride` k > 1 the learner projects rows phase, phase + k, ... of each tensor
+of two or more dimensions (a different phase each sync) and leaves the others NaN, which `compare` skips. That
+cuts the learner's share, a read of every weight it sends, k times; an engine's stays a full read (its kernel
+gives every row at once). A tensor wrong in every row (not loaded, a LoRA merge left out, a fused part misplaced)
+is caught at the first sync; one wrong in a single row, at the latest after k syncs if it persists.
+
 The engine's kernels round differently than the learner's, so two fingerprints match element by element within a
 tolerance set by the served dtype (`TOLERANCE`): a garbled tensor, one left unloaded or a LoRA merge that never
 arrived moves its vector far more; a change smaller than the served dtype's rounding of a product is not seen.
@@ -37,9 +43,9 @@ def probe_vector(n: int, dtype: torch.dtype = torch.float32, device: torch.devic
     return _signs(n).to(device=device, dtype=dtype)
 
 
-def fingerprint(t: torch.Tensor) -> torch.Tensor:
+def fingerprint(t: torch.Tensor, stride: int = 1, phase: int = 0) -> torch.Tensor:
     """`t`'s projection on the probe vector, in float32 on the CPU: a vector of t's first dimension (a 1-D tensor:
-    one number)."""
+    one number). With `stride` > 1 only rows phase, phase + stride, ... are projected, the others NaN (unchecked)."""
     with torch.no_grad():
         x = t.detach()
         if x.dim() == 0:
@@ -47,7 +53,12 @@ def fingerprint(t: torch.Tensor) -> torch.Tensor:
         if x.dim() == 1:
             return (x.float() @ probe_vector(x.numel(), torch.float32, x.device)).reshape(1).cpu()
         flat = x.reshape(x.shape[0], -1)
-        return (flat.float() @ probe_vector(flat.shape[1], torch.float32, x.device)).cpu()
+        r = probe_vector(flat.shape[1], torch.float32, x.device)
+        if stride <= 1:
+            return (flat.float() @ r).cpu()
+        out = torch.full((flat.shape[0],), float("nan"))
+        out[phase % stride :: stride] = (flat[phase % stride :: stride].float() @ r).cpu()
+        return out
 
 
 @dataclass(frozen=True)
@@ -67,14 +78,16 @@ class Mismatch:
 
 
 def compare(name: str, served: torch.Tensor | None, sent: torch.Tensor, dtype: str) -> Mismatch | None:
-    """None when `served` matches `sent` element by element within `TOLERANCE[dtype]`."""
+    """None when `served` matches `sent` element by element within `TOLERANCE[dtype]`; rows the learner left NaN
+    (not checked this sync) are skipped."""
     if served is None or served.shape != sent.shape:
         return Mismatch(name, float("inf"))
     rtol, atol = TOLERANCE.get(dtype, TOLERANCE["float32"])
     served, sent = served.double(), sent.double()
-    scale = float(sent.abs().max()) if sent.numel() else 0.0
+    checked = ~sent.isnan()
+    scale = float(sent[checked].abs().max()) if checked.any() else 0.0
     allowed = rtol * sent.abs() + atol * scale
-    excess = ((served - sent).abs() - allowed).nan_to_num(nan=float("inf"))
+    excess = ((served - sent).abs() - allowed).nan_to_num(nan=float("inf")).masked_fill(~checked, float("-inf"))
     if not (excess > 0).any():
         return None
     row = int(torch.argmax(excess))

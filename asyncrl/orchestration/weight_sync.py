@@ -34,7 +34,7 @@ class Settled:
     mismatched: list[WeightMismatch] = field(default_factory=list)
     verified: int = 0  # engines whose fingerprints were compared
     unverified: int = 0  # engines that could not fingerprint (SGLang, tensor parallelism)
-    verify_learner_s: float = 0.0  # the learner fingerprinting what it sent (while the buckets are on the wire)
+    verify_learner_s: float = 0.0  # the learner's CPU seconds fingerprinting what it sent (while the buckets are on the wire)
     verify_engine_s: float = 0.0  # the slowest engine fingerprinting what it serves (its generation paused)
 
     @property
