@@ -96,7 +96,8 @@ def render(result: dict) -> str:
     """The table, from the published result alone."""
     sync, asyn = result["sync"], result["async"]
     played = f"agent `{result['agent']}`" if result.get("agent") else f"`{result['env']}`"
-    event = "agent's next request after a reply" if result.get("agent") else "tool calls"
+    event = ("agent's events (its first request, each request after a tool's result, its end; the first waits for a "
+             "free agent process)") if result.get("agent") else "tool calls"
     lines = [
         f"Multi-turn episodes with a 50-200 ms tool, {Path(result['config']).name} + {played}, {result['tool_workers']} tool processes, "
         f"{result['steps']} steps per mode, async at max_staleness {result['async_max_staleness']}, medians over steps 1.. "
