@@ -21,7 +21,8 @@ from asyncrl.algorithms.base import KL_ESTIMATORS, Advantages, LossOutput, Value
 from asyncrl.algorithms.correction import mismatch_metrics
 from asyncrl.core import learner_group as lg
 from asyncrl.core import memory as mem
-from asyncrl.core.batching import Batch, collate, micro_batches, rowwise, sequence_stats, token_logprobs, token_logprobs_batched
+from asyncrl.core.batching import (Batch, Sharing, collate, measured_pass_positions, micro_batches, rowwise, sequence_stats,
+                                   token_logprobs, token_logprobs_batched)
 from asyncrl.core.config import AlgorithmConfig, Config, LearnerConfig
 from asyncrl.core.shaping import shaped_reward
 
@@ -44,6 +45,18 @@ class StepTensors:
     adv: Advantages | None = None  # set once the advantages are computed
 
 
+def sharing(lcfg: LearnerConfig, model, device: torch.device) -> Sharing | bool:
+    """learner.share_prompt with a pass's fixed cost (`learner.pass_overhead_tokens`, or measured on the model now)."""
+    if not lcfg.share_prompt:
+        return False
+    per_pass = lcfg.pass_overhead_tokens
+    if per_pass is None:
+        per_pass = measured_pass_positions(model, device)
+        print(f"asyncrl: learner: a pass costs as much as {per_pass:.0f} token positions besides its own (measured; "
+              "learner.pass_overhead_tokens): a group's prompt runs once where that is cheaper", flush=True)
+    return Sharing(per_pass)
+
+
 class Trainer:
     """The training side of one learner rank: the step and its counters, on the `Learner`'s sharded models."""
 
@@ -51,7 +64,7 @@ class Trainer:
                  ref_model=None, critic=None, critic_opt=None) -> None:
         self.cfg, self.device, self.dp, self.algo, self.pad_id = cfg, device, dp, algo, pad_id
         self.model, self.opt, self.ref_model, self.critic, self.critic_opt = model, opt, ref_model, critic, critic_opt
-        self.share = cfg.learner.share_prompt  # a group's prompt runs once in its passes (asyncrl.core.batching)
+        self.share = sharing(cfg.learner, model, device)  # a group's prompt runs once in its passes where it pays
         self.agree = lambda n: lg.max_int(n, dp)  # the workers' passes: as many micro-batches on each (FSDP2 gathers per pass)
         self.steps_done = 0
         self.skipped_steps = 0

@@ -1,4 +1,6 @@
 """The learner in-process on a random tiny model: it learns, and batching does not change the update."""
+import math
+
 import pytest
 import torch
 
@@ -371,6 +373,23 @@ def test_micro_batches_keep_a_group_together_only_where_its_prompt_is_worth_shar
     assert as_lists(micro_batches(long, rows, 4, share=False)) == as_lists(micro_batches(short, rows, 4))  # off: by length, as before
 
 
+def test_a_pass_s_fixed_cost_keeps_one_big_pass_where_many_small_ones_would_cost_more(random_model_dir):
+    """16 rows of 4 groups with 40-token prompts, micro-batches of 16: by positions alone the 4 grouped passes win
+    (a prompt once each); counting each pass as 200 positions more, the one plain pass does. The cost is measured
+    on the model: a pass's fixed part, in positions, and no gradients left behind."""
+    from asyncrl.core.batching import Sharing, measured_pass_positions, micro_batches
+
+    batch, rows = collate(long_prompt_samples(), pad_id=0), torch.arange(16)
+    assert len(micro_batches(batch, rows, 16, True)) == len(micro_batches(batch, rows, 16, Sharing(0.0))) == 4
+    assert len(micro_batches(batch, rows, 16, Sharing(200.0))) == 1
+    assert len(micro_batches(batch, rows, 4, Sharing(200.0))) == 4  # as many passes either way: grouped still wins
+    assert all(len(set(batch.group_index[m].tolist())) == 1 for m in micro_batches(batch, rows, 4, Sharing(200.0)))
+    lrn = learner(random_model_dir)
+    per_pass = measured_pass_positions(lrn.model, torch.device("cpu"))
+    assert math.isfinite(per_pass) and per_pass >= 0
+    assert all(p.grad is None for p in lrn.model.parameters())
+
+
 def test_workers_of_a_learner_group_run_as_many_micro_batches_each_still_within_one_group():
     """Two workers' shards of the same batch can group into different numbers of micro-batches (a shard that cuts a
     group in two has one more); FSDP2 gathers every layer in each pass, so a worker running fewer would leave the
@@ -428,7 +447,8 @@ def test_a_shared_prompt_runs_once_with_the_same_logprobs_and_gradients(random_m
 
 
 def test_a_step_with_shared_prompts_matches_one_without(random_model_dir):
-    on, off = learner(random_model_dir, "learner.micro_batch_size=4"), learner(random_model_dir, "learner.micro_batch_size=4", "learner.share_prompt=false")
+    on = learner(random_model_dir, "learner.micro_batch_size=4", "learner.pass_overhead_tokens=0")  # positions alone: grouped
+    off = learner(random_model_dir, "learner.micro_batch_size=4", "learner.share_prompt=false")
     m_on, m_off = on.train_step(long_prompt_samples(), version=0), off.train_step(long_prompt_samples(), version=0)
     for a, b in zip(grads(off), grads(on)):
         assert a.abs().sum() > 0

@@ -12,7 +12,7 @@ CASES = {
     "grpo": ["learner.mini_batches=2", "learner.micro_batch_size=3"],
     "ppo": ["algorithm.name=ppo", "learner.micro_batch_size=5", "algorithm.loss_agg=seq_mean"],
     "lora": ["learner.lora.rank=4", "learner.lora.alpha=8", "learner.micro_batch_size=3"],  # only the adapter is all-reduced
-    "shared_prompt": ["learner.micro_batch_size=3"],  # see mixed_prompt_samples
+    "shared_prompt": ["learner.micro_batch_size=3", "learner.pass_overhead_tokens=0"],  # see mixed_prompt_samples
 }
 
 

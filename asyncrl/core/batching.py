@@ -8,6 +8,8 @@ observation tokens, so every algorithm trains on episodes unchanged.
 """
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 
@@ -193,6 +195,44 @@ def positions(micros: tuple[torch.Tensor, ...], lengths: torch.Tensor, starts: t
     return total
 
 
+@dataclass(frozen=True)
+class Sharing:
+    """`share` with a pass's fixed cost: a group's prompt runs once where that costs less, each pass counted as
+    `pass_positions` token positions besides those it computes (kernel launches, Python, hooks: on a small model
+    several passes of a group each cost more than one pass of the whole batch). `True` counts positions only."""
+
+    pass_positions: float = 0.0
+
+
+def measured_pass_positions(model, device: torch.device, longest: int = 64, repeats: int = 2) -> float:
+    """What a forward and backward pass of `model` costs besides its positions, in token positions, on this device:
+    one row of L and one of L / 8 tokens timed (the fastest of `repeats`, the first a warm-up), t = a + b * L solved
+    for a / b. Every rank of a learner group calls it (its passes are collectives); the gradients it makes are dropped."""
+    limit = getattr(getattr(model, "config", None), "max_position_embeddings", None) or longest
+    long = max(16, min(longest, int(limit)))
+    short = max(2, long // 8)
+
+    def timed(n: int) -> float:
+        best = math.inf
+        ids = torch.ones((1, n), dtype=torch.long, device=device)
+        for _ in range(repeats):
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            t0 = time.perf_counter()
+            out = model(input_ids=ids, logits_to_keep=1).logits.float().sum()
+            if out.requires_grad:
+                out.backward()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            best = min(best, time.perf_counter() - t0)
+        return best
+
+    t_short, t_long = timed(short), timed(long)
+    model.zero_grad(set_to_none=True)
+    per_position = max(t_long - t_short, 1e-9) / (long - short)
+    return max(t_short - per_position * short, 0.0) / per_position
+
+
 def split_to(micros: tuple[torch.Tensor, ...], count: int) -> tuple[torch.Tensor, ...]:
     """`micros` with the one of most rows cut in two (in order, so each half stays length-sorted and within its group)
     until there are `count`: every worker of a learner group must run as many passes, since FSDP2 gathers each layer's
@@ -209,10 +249,11 @@ def split_to(micros: tuple[torch.Tensor, ...], count: int) -> tuple[torch.Tensor
 Agree = Callable[[int], int]  # this worker's number of micro-batches -> the learner group's largest
 
 
-def micro_batches(batch: Batch, rows: torch.Tensor, size: int, share: bool = True, agree: Agree | None = None) -> tuple[torch.Tensor, ...]:
+def micro_batches(batch: Batch, rows: torch.Tensor, size: int, share: bool | Sharing = True, agree: Agree | None = None) -> tuple[torch.Tensor, ...]:
     """The micro-batches of `rows`: length-sorted (`length_sorted_micro_batches`), or with `share` one group at a time
     (`group_micro_batches`) where that computes fewer token positions, each group's prompt once (`_forward`): for
-    long prompts and short answers (an agent's tools listing), about a group's size fewer. With `share`, workers of a
+    long prompts and short answers (an agent's tools listing), about a group's size fewer. A `Sharing` adds each
+    pass's fixed cost to the count, so many small passes do not win on a small model. With `share`, workers of a
     learner group may count different numbers: `agree` gives the group's largest, and this worker's are `split_to` it."""
     lengths = batch.attention_mask.sum(-1)
     plain = length_sorted_micro_batches(rows, lengths, size)
@@ -221,7 +262,9 @@ def micro_batches(batch: Batch, rows: torch.Tensor, size: int, share: bool = Tru
     grouped = group_micro_batches(rows, lengths, batch.group_index, size)
     mask = batch.response_mask > 0
     starts = torch.where(mask.any(-1), mask.float().argmax(-1), lengths - 1)  # each row's first response position
-    chosen = grouped if positions(grouped, lengths, starts, batch.group_index) < positions(plain, lengths, starts, None) else plain
+    per_pass = getattr(share, "pass_positions", 0.0)  # `Sharing`: a pass's fixed cost weighs in
+    cost = lambda micros, groups: per_pass * len(micros) + positions(micros, lengths, starts, groups)  # noqa: E731
+    chosen = grouped if cost(grouped, batch.group_index) < cost(plain, None) else plain
     return chosen if agree is None else split_to(chosen, agree(len(chosen)))
 
 

@@ -334,6 +334,8 @@ class LearnerConfig(_Section):
     """LoRA RL (learner.lora.rank > 0) instead of full fine-tuning."""
     share_prompt: bool = True
     """A group's samples share their prompt: the learner's passes take a group's rows together and run them as one packed sequence, the prompt once and then each sample's own tokens with a 4D attention mask and the positions they have in their row (gradients reach the prompt through its keys and values), where that computes fewer positions than length-sorted micro-batches. For long prompts and short answers (an agent's tools listing), up to a group's size fewer; numerically the same passes up to float rounding. SDPA and eager attention only (FlashAttention-2 takes no 4D mask: the plain passes run)."""
+    pass_overhead_tokens: float | None = Field(None, ge=0)
+    """With share_prompt: a forward and backward pass's fixed cost, in token positions, weighed against the positions a group's passes save (several passes of one group each against one pass of the batch). None measures it when the learner starts (a few timed passes of the model); 0 counts positions only."""
     gradient_checkpointing: bool = False
     """Activation checkpointing on the decoder layers: each layer's activations are recomputed in the backward pass instead of kept (about a third more compute, activation memory of one layer instead of all)."""
     offload: bool = False
