@@ -47,5 +47,5 @@ def test_the_table_is_made_from_the_result_alone():
               "argv": ["--steps", "8"], "sync": mode(2.0, 64), "async": mode(0.4, 16), **agentic.compare(mode(2.0, 64), mode(0.4, 16))}
     text = agentic.render(result)
     assert "agent `tests.agents_fixture.slow_function_calling`" in text and "| **speedup** | | **1.25x** |" in text
-    assert "| batch, step time | 64, 2.00 s | 16, 0.40 s |" in text and "agent's next request after a reply: count, mean wait" in text
+    assert "| batch, step time | 64, 2.00 s | 16, 0.40 s |" in text and "agent's events (its first request, each request after a tool's result, its end" in text
     assert "| observations per episode | 0: 40%, 1: 60% |" in text
