@@ -18,7 +18,9 @@ def test_the_ratio_is_of_medians_over_the_settled_syncs():
     rows = [{"step": 0}, _row(1, 0.1, 0.5, 1.5), _row(2, 0.3, 0.7, 1.3), _row(3, 0.2, 0.6, 1.4)]
     s = summarize(rows)
     assert s["syncs"] == 3 and s["ratio"] == pytest.approx(0.2 / 2.0)
-    assert "| 200 ms (150 ms learner, 50 ms engine) | 600 ms | 1400 ms | 0.100 |" in render({"config": "c.yaml", **s})
+    assert "| 200 ms (150 ms learner CPU, 50 ms engine) | 600 ms | 1400 ms | 0.100 |" in render({"config": "c.yaml", **s})
+    assert "the learner checks one row in 2 of each matrix" in render({"config": "c.yaml", "verify_stride": 2, **s})
+    assert "every row checked" in render({"config": "c.yaml", "verify_stride": 1, **s})
     old = [{k: v for k, v in r.items() if "verify_" not in k or k == "time/weight_verify_s"} for r in rows]  # a record before the split
     assert "| 200 ms (not recorded apart) | 600 ms |" in render({"config": "c.yaml", **summarize(old)})
 
