@@ -17,7 +17,7 @@ Each fault is recovered from when the run says so: `rollout/restarts_total` or `
 `rollout/workers` reaches the size asked for, or the reward actor is back (its process counted again). Reported:
 faults injected and recovered, time to recover (median and max) per kind, and from the trajectory store: samples
 lost silently (admitted and never recorded), recorded twice, trained twice, and trained past the staleness bound
-(each must be 0). Writes bench/results/soak_<config>.{json,md}; exits 1 when any of those is not 0 or a fault was not
+(each must be 0). Writes bench/results/soak_<config>[_seed<N>].{json,md}; exits 1 when any of those is not 0 or a fault was not
 recovered from.
 """
 from __future__ import annotations
@@ -211,7 +211,7 @@ def main() -> None:
         result = soak(Path(tmp) / "run", args)
     a = result["audit"]
     check_plausible("soak", a["trained"], a["recorded"], "samples trained (at most those recorded)")
-    publish(args.out, f"soak_{Path(args.config).stem}", "soak", result, sys.argv[1:], start)
+    publish(args.out, f"soak_{Path(args.config).stem}" + (f"_seed{args.seed}" if args.seed else ""), "soak", result, sys.argv[1:], start)
     if a["lost_silently"] or a["recorded_twice"] or a["trained_twice"] or a["staleness_violations"] or \
             not all(f["recovered"] or f.get("cut_by_end") for f in result["faults"]):
         sys.exit(1)
