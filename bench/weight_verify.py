@@ -14,7 +14,6 @@ found a mismatch (a clean run must not), or a time is not positive.
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import statistics
 import sys
@@ -45,6 +44,13 @@ def summarize(metrics: list[dict]) -> dict:
             "per_sync": [{k: m[k] for k in ("step", *keys)} for m in rows]}
 
 
+def _rows_checked(stride: int | None) -> str:
+    """What the learner checked (`learner.verify_stride`; records before it have none)."""
+    if stride is None:
+        return ""
+    return ", every row checked" if stride == 1 else f"; the learner checks one row in {stride} of each matrix, a different share each sync"
+
+
 def render(data: dict) -> str:
     r = data
     split = all(k in r for k in SPLIT)
@@ -52,9 +58,7 @@ def render(data: dict) -> str:
              else " (not recorded apart)")
     return "\n".join([
         f"Verifying each weight sync, `{r['config']}` with every parameter sent ({r['bytes'] / 2**20:.0f} MiB a sync), "
-        f"medians over {r['syncs']} settled syncs of one run"
-        + (f"; the learner checks one row in {r['verify_stride']} of each matrix, a different share each sync:" if r.get("verify_stride", 1) > 1
-           else ", every row checked:" if "verify_stride" in r else ":"), "",
+        f"medians over {r['syncs']} settled syncs of one run{_rows_checked(r.get('verify_stride'))}:", "",
         "| learner + engine fingerprinting | learner send | engine receive and load | verification / sync | target |",
         "|---|---|---|---|---|",
         f"| {1000 * r['time/weight_verify_s']:.0f} ms{parts} | {1000 * r['time/weight_send_s']:.0f} ms | "
@@ -74,11 +78,11 @@ def main() -> None:
                  f"run.output_dir={run_dir}"]
     shutil.rmtree(ROOT / run_dir, ignore_errors=True)  # scratch: a run left there would resume from its checkpoint
     run_asyncrl(args.config, overrides)
-    metrics = [json.loads(line) for line in (ROOT / run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    import yaml
+    from asyncrl.analysis.runs import load_run
 
-    stride = yaml.safe_load((ROOT / run_dir / "config.yaml").read_text())["learner"]["verify_stride"]
-    result = {"config": str(args.config), "overrides": overrides, "verify_stride": stride, **summarize(metrics)}
+    run = load_run(ROOT / run_dir)
+    result = {"config": str(args.config), "overrides": overrides, "verify_stride": run.config["learner"]["verify_stride"],
+              **summarize(run.metrics)}
     publish(args.out, f"weight_verify_{args.config.stem}", "weight_verify", result, sys.argv[1:], start)
 
 
