@@ -72,6 +72,19 @@ def test_checking_every_other_row_skips_the_rest_and_catches_a_wrong_row_on_its_
     assert first_mismatch({"w": fingerprint(w, 2, 1)}, {"w": nan_row}, "float32").row == 3
 
 
+def test_weights_the_learner_sent_as_nan_are_a_mismatch_not_a_row_left_unchecked():
+    torch.manual_seed(0)
+    w = torch.randn(10, 32)
+    w[3, 7] = float("nan")  # a checked row of phase 1
+    w[4, 0] = float("nan")  # a row of phase 0, not checked at phase 1
+    sent = fingerprint(w, 2, 1)
+    assert sent[0::2].isnan().all() and math.isinf(sent[3]) and sent[1::2].isfinite().sum() == 4
+    for served in (fingerprint(w), fingerprint(torch.nan_to_num(w))):  # the engine serves the NaN, or a finite row
+        m = first_mismatch({"w": sent}, {"w": served}, "float32")
+        assert m is not None and m.row == 3 and "the learner sent is not finite" in m.describe()
+    assert math.isinf(fingerprint(torch.tensor([1.0, float("nan")]))[0])  # a 1-D tensor too
+
+
 class _Fused(torch.nn.Module):
     def __init__(self, sizes):
         super().__init__()

@@ -9,7 +9,8 @@ A projection is linear, so a fused layer's (q, k and v in one `qkv_proj`) is its
 other: the engine splits it at the parts' output sizes and fingerprints every checkpoint tensor by its own name.
 
 Only some rows need be checked: with `stride` k > 1 the learner projects rows phase, phase + k, ... of each tensor
-of two or more dimensions (a different phase each sync) and leaves the others NaN, which `compare` skips. That
+of two or more dimensions (a different phase each sync) and leaves the others NaN, which `compare` skips (a
+checked row whose weights are not finite is +inf, never NaN: it is compared, and fails, rather than skipped). That
 cuts the learner's share, a read of every weight it sends, k times; an engine's stays a full read (its kernel
 gives every row at once). A tensor wrong in every row (not loaded, a LoRA merge left out, a fused part misplaced)
 is caught at the first sync; one wrong in a single row, at the latest after k syncs if it persists.
@@ -45,20 +46,27 @@ def probe_vector(n: int, dtype: torch.dtype = torch.float32, device: torch.devic
 
 def fingerprint(t: torch.Tensor, stride: int = 1, phase: int = 0) -> torch.Tensor:
     """`t`'s projection on the probe vector, in float32 on the CPU: a vector of t's first dimension (a 1-D tensor:
-    one number). With `stride` > 1 only rows phase, phase + stride, ... are projected, the others NaN (unchecked)."""
+    one number). With `stride` > 1 only rows phase, phase + stride, ... are projected, the others NaN (unchecked);
+    a projected row of non-finite weights is +inf, so NaN always means "not checked"."""
     with torch.no_grad():
         x = t.detach()
         if x.dim() == 0:
-            return x.float().reshape(1).cpu()
+            return _checked(x.float().reshape(1).cpu())
         if x.dim() == 1:
-            return (x.float() @ probe_vector(x.numel(), torch.float32, x.device)).reshape(1).cpu()
+            return _checked((x.float() @ probe_vector(x.numel(), torch.float32, x.device)).reshape(1).cpu())
         flat = x.reshape(x.shape[0], -1)
         r = probe_vector(flat.shape[1], torch.float32, x.device)
         if stride <= 1:
-            return (flat.float() @ r).cpu()
+            return _checked((flat.float() @ r).cpu())
         out = torch.full((flat.shape[0],), float("nan"))
-        out[phase % stride :: stride] = (flat[phase % stride :: stride].float() @ r).cpu()
+        out[phase % stride :: stride] = _checked((flat[phase % stride :: stride].float() @ r).cpu())
         return out
+
+
+def _checked(values: torch.Tensor) -> torch.Tensor:
+    """A projection whose weights held a NaN is NaN: made +inf, which `compare` compares (and fails) instead of
+    skipping it as a row left unchecked."""
+    return values.nan_to_num(nan=float("inf"), posinf=float("inf"), neginf=float("-inf"))
 
 
 @dataclass(frozen=True)
@@ -73,6 +81,8 @@ class Mismatch:
     def describe(self) -> str:
         if self.row < 0:
             return f"{self.name}: the engine serves no such weight after the load"
+        if self.sent != self.sent or abs(self.sent) == float("inf"):
+            return f"{self.name}: row {self.row} of the weights the learner sent is not finite (its fingerprint {self.sent:.6g})"
         return (f"{self.name}: row {self.row} of its fingerprint is {self.served:.6g} served, {self.sent:.6g} sent "
                 f"({self.excess:.3g} times the tolerance)")
 
@@ -85,7 +95,8 @@ def compare(name: str, served: torch.Tensor | None, sent: torch.Tensor, dtype: s
     rtol, atol = TOLERANCE.get(dtype, TOLERANCE["float32"])
     served, sent = served.double(), sent.double()
     checked = ~sent.isnan()
-    scale = float(sent[checked].abs().max()) if checked.any() else 0.0
+    finite = checked & sent.isfinite()
+    scale = float(sent[finite].abs().max()) if finite.any() else 0.0
     allowed = rtol * sent.abs() + atol * scale
     excess = ((served - sent).abs() - allowed).nan_to_num(nan=float("inf")).masked_fill(~checked, float("-inf"))
     if not (excess > 0).any():
