@@ -21,7 +21,7 @@ from asyncrl.algorithms.base import KL_ESTIMATORS, Advantages, LossOutput, Value
 from asyncrl.algorithms.correction import mismatch_metrics
 from asyncrl.core import learner_group as lg
 from asyncrl.core import memory as mem
-from asyncrl.core.batching import (Batch, Sharing, collate, measured_pass_positions, micro_batches, rowwise, sequence_stats,
+from asyncrl.core.batching import (Batch, Sharing, collate, measured_pass_positions, micro_batches, packs, rowwise, sequence_stats,
                                    token_logprobs, token_logprobs_batched)
 from asyncrl.core.config import AlgorithmConfig, Config, LearnerConfig
 from asyncrl.core.shaping import shaped_reward
@@ -46,8 +46,9 @@ class StepTensors:
 
 
 def sharing(lcfg: LearnerConfig, model, device: torch.device) -> Sharing | bool:
-    """learner.share_prompt with a pass's fixed cost (`learner.pass_overhead_tokens`, or measured on the model now)."""
-    if not lcfg.share_prompt:
+    """learner.share_prompt with a pass's fixed cost (`learner.pass_overhead_tokens`, or measured on the model now);
+    False, with nothing measured, where the model's attention cannot run a prompt once (`packs`)."""
+    if not lcfg.share_prompt or not packs(model):
         return False
     per_pass = lcfg.pass_overhead_tokens
     if per_pass is None:

@@ -390,6 +390,27 @@ def test_a_pass_s_fixed_cost_keeps_one_big_pass_where_many_small_ones_would_cost
     assert all(p.grad is None for p in lrn.model.parameters())
 
 
+def test_a_model_whose_attention_cannot_share_a_prompt_is_micro_batched_by_length_with_nothing_measured(monkeypatch):
+    """FlashAttention-2 takes no 4D mask and a sliding window has its own: the prompt would run once per row anyway,
+    so grouping rows by prompt (and timing passes to weigh it) would only cost."""
+    from types import SimpleNamespace
+
+    import actors.learner_step as step
+    from asyncrl.core.batching import packs
+    from asyncrl.core.config import LearnerConfig
+
+    measured = []
+    monkeypatch.setattr(step, "measured_pass_positions", lambda model, device: measured.append(model) or 7.0)
+    model = lambda **config: SimpleNamespace(config=SimpleNamespace(**config))  # noqa: E731
+    assert packs(model(_attn_implementation="sdpa")) and packs(model(_attn_implementation="eager"))
+    assert packs(model(_attn_implementation="sdpa", sliding_window=4096, use_sliding_window=False))
+    for cannot in (model(_attn_implementation="flash_attention_2"), model(_attn_implementation="sdpa", sliding_window=4096)):
+        assert not packs(cannot) and step.sharing(LearnerConfig(), cannot, torch.device("cpu")) is False
+    assert measured == []
+    assert step.sharing(LearnerConfig(), model(_attn_implementation="sdpa"), torch.device("cpu")).pass_positions == 7.0
+    assert step.sharing(LearnerConfig(share_prompt=False), model(_attn_implementation="sdpa"), torch.device("cpu")) is False
+
+
 def test_workers_of_a_learner_group_run_as_many_micro_batches_each_still_within_one_group():
     """Two workers' shards of the same batch can group into different numbers of micro-batches (a shard that cuts a
     group in two has one more); FSDP2 gathers every layer in each pass, so a worker running fewer would leave the

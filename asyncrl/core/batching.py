@@ -99,15 +99,22 @@ PACKED_MAX_TOKENS = 8192
 """A packed pass (`_packed_logits`) takes at most this many tokens: its attention mask is their square."""
 
 
+def packs(model) -> bool:
+    """Whether `_forward` can run a shared prefix once for `model`: its attention takes a 4D mask (sdpa, eager; not
+    FlashAttention-2) and has no sliding window (its window is in the mask the model would make)."""
+    config = getattr(model, "config", None)
+    impl = getattr(config, "_attn_implementation", "sdpa")
+    windowed = getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True)
+    return impl in ("sdpa", "eager") and not windowed
+
+
 def _forward(model, batch: Batch, first: int, share: bool):
     """The model's logits [B, L - first, V] of positions first..L-1. With `share` and a prefix of P tokens the rows
     have in common (`shared_prefix`), one packed pass (`_packed_logits`) computes the prefix once instead of once per
     row: a group's prompt (an agent's tools listing) once per micro-batch. Not for FlashAttention-2 (no 4D masks) or
     sliding-window attention (its window is in the mask the model would make)."""
-    config = getattr(model, "config", None)
-    impl = getattr(config, "_attn_implementation", "sdpa")
-    windowed = getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True)  # a mask of its own
-    P = shared_prefix(batch) if share and impl in ("sdpa", "eager") and not windowed else 0
+    P = shared_prefix(batch) if share and packs(model) else 0
+    impl = getattr(getattr(model, "config", None), "_attn_implementation", "sdpa")
     lengths = batch.attention_mask.sum(-1)
     if P and P + int((lengths - P).sum()) <= PACKED_MAX_TOKENS:
         return _packed_logits(model, batch, first, P, lengths, bool_mask=impl == "sdpa")
