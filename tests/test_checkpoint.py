@@ -158,69 +158,64 @@ def rollout_worker_pids(out: Path) -> list[int]:
     return list(run_pids(out, ("ray::RolloutWorker",)))
 
 
-@pytest.mark.slow
-def test_a_killed_rollout_worker_is_replaced_and_nothing_is_lost_silently(random_model_dir, tmp_path):
-    # the untrained model writes long responses: the worker is mid-generation whenever it is killed
-    out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "asyncrl.run", "--config", "configs/smoke.yaml", f"run.output_dir={out}", f"model.path={random_model_dir}",
-           "run.steps=14", "run.eval=false", "rollout.max_new_tokens=48", "run.checkpoint_every=0"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=tagged(out))
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and len(metric_steps(out) if (out / "metrics.jsonl").exists() else []) < 3:
+def metric_count(out: Path) -> int:
+    return len(metric_steps(out)) if (out / "metrics.jsonl").exists() else 0
+
+
+def wait_for(cond, what: str, timeout_s: float = 300.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.2)
-    victims = rollout_worker_pids(out)
-    assert len(victims) == 1
-    os.kill(victims[0], signal.SIGKILL)  # the engine dies with its worker process, mid-run
-    output, _ = proc.communicate(timeout=600)
+
+
+@pytest.mark.slow
+def test_a_killed_rollout_worker_then_a_killed_learner_rank_are_recovered_in_place_and_nothing_is_lost(random_model_dir, tmp_path):
+    """One run, two faults, each recovered without stopping the run (one run: each costs its start-up). A rollout
+    worker is SIGKILLed mid-generation (the untrained model writes long responses): it is replaced, and the samples
+    it was generating are recorded `dropped_error`, never lost silently. Once its replacement serves, one of two
+    FSDP2 learner ranks is SIGKILLed: the learner group is restored in place from the last checkpoint while the
+    rollout side goes on, the steps since are redone, and every step is trained once in the metrics."""
+    out, steps = tmp_path / "run", 14
+    cmd = [sys.executable, "-m", "asyncrl.run", "--config", "configs/smoke.yaml", f"run.output_dir={out}", f"model.path={random_model_dir}",
+           f"run.steps={steps}", "run.eval=false", "rollout.max_new_tokens=48", "run.checkpoint_every=3",
+           "learner.num_workers=2", "learner.num_cpus=0.5", "learner.delay_s=0.5", "buffer.store_flush_s=0.2"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=tagged(out))
+    try:
+        wait_for(lambda: metric_count(out) >= 3, "3 steps")
+        [worker] = rollout_worker_pids(out)
+        os.kill(worker, signal.SIGKILL)  # the engine dies with its worker process, mid-run
+        at_worker_kill = metric_count(out)
+        wait_for(lambda: [p for p in rollout_worker_pids(out) if p != worker] and metric_count(out) >= at_worker_kill + 2,
+                 "the replacement worker and two more steps")
+        learners = list(run_pids(out, ("ray::Learner",)))
+        assert len(learners) == 2, learners
+        os.kill(learners[1], signal.SIGKILL)
+        output, _ = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
     assert proc.returncode == 0, output[-4000:]
     assert "rollout worker 0 died" in output
+    assert "LEARNER LOST at step" in output and "restoring the learner group from its last checkpoint (step-" in output
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["rollout_restarts"] == 1 and summary["steps"] == 14
-    records = read_trajectories(out / "trajectories").to_pylist()
-    ids = [r["sample_id"] for r in records]
-    assert len(ids) == len(set(ids)), "a sample recorded twice"
-    assert sum(r["status"] == "consumed" for r in records) == 14 * 16
-    lost = [r for r in records if "died while generating" in (r["status_reason"] or "")]
-    assert all(r["status"] == "dropped_error" for r in lost)
-    assert len(lost) == summary["samples"]["lost"] > 0
-    # every group the dead worker was admitted for ended in the record: its group numbers have no gap
-    numbers = sorted({GroupId.parse(r["group_id"]).number for r in records})
-    assert numbers == list(range(len(numbers)))
-
-
-@pytest.mark.slow
-def test_a_learner_rank_killed_mid_run_is_restored_in_place_and_the_run_finishes(tiny_model_dir, tmp_path):
-    """Two FSDP2 learner ranks; one is SIGKILLed after the step-3 checkpoint. The run restores the learner group
-    from that checkpoint without stopping the rollout side, redoes the steps since, and ends with every step
-    trained once in its metrics and no sample lost."""
-    out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "asyncrl.run", "--config", "configs/smoke.yaml", f"run.output_dir={out}", f"model.path={tiny_model_dir}",
-           "run.steps=10", "run.checkpoint_every=3", "run.eval=false", "learner.num_workers=2", "learner.num_cpus=0.5",
-           "learner.delay_s=0.5", "buffer.store_flush_s=0.2"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=tagged(out))
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and not ((out / "metrics.jsonl").exists() and len(metric_steps(out)) >= 5):
-        time.sleep(0.2)
-    victims = list(run_pids(out, ("ray::Learner",)))
-    assert len(victims) == 2, victims
-    os.kill(victims[1], signal.SIGKILL)
-    output, _ = proc.communicate(timeout=600)
-    assert proc.returncode == 0, output[-4000:]
-    assert "LEARNER LOST at step" in output and "restoring the learner group from its last checkpoint (step-000003)" in output
-    summary = json.loads((out / "summary.json").read_text())
+    assert summary["rollout_restarts"] == 1 and summary["steps"] == steps
     [restart] = summary["learner_restarts"]
-    assert restart["restored_step"] == 3 and restart["step"] >= 5 and summary["steps"] == 10
-    assert summary["rollout_restarts"] == 0  # the rollout side went on: its worker was never replaced
+    assert restart["restored_step"] % 3 == 0 and 3 <= restart["restored_step"] <= restart["step"]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == list(range(10))  # every step once: the ones after the checkpoint redone
+    assert [r["step"] for r in rows] == list(range(steps))  # every step once: the ones after the checkpoint redone
     versions = [r["policy_version"] for r in rows]
     assert versions == sorted(set(versions)) and rows[-1]["learner/restarts_total"] == 1  # versions only go forward
     records = read_trajectories(out / "trajectories").to_pylist()
     ids = [r["sample_id"] for r in records]
     assert len(ids) == len(set(ids)), "a sample recorded twice"
-    assert summary["samples"]["lost"] == 0 and summary["samples"]["dropped_error"] == 0
-    consumed_steps = {r["consumed_step"] for r in records if r["status"] == "consumed"}
-    assert consumed_steps == set(range(10))
+    assert {r["consumed_step"] for r in records if r["status"] == "consumed"} == set(range(steps))
+    lost = [r for r in records if "died while generating" in (r["status_reason"] or "")]
+    assert all(r["status"] == "dropped_error" for r in lost)
+    assert len(lost) == summary["samples"]["lost"] == summary["samples"]["dropped_error"] > 0  # only the dead worker's
+    # every group a worker was admitted for ended in the record: the group numbers have no gap
+    numbers = sorted({GroupId.parse(r["group_id"]).number for r in records})
+    assert numbers == list(range(len(numbers)))
 
 
 def test_repeated_non_finite_steps_stop_the_run_after_a_checkpoint(tmp_path):
