@@ -81,7 +81,9 @@ def test_weights_the_learner_sent_as_nan_are_a_mismatch_not_a_row_left_unchecked
     assert sent[0::2].isnan().all() and math.isinf(sent[3]) and sent[1::2].isfinite().sum() == 4
     for served in (fingerprint(w), fingerprint(torch.nan_to_num(w))):  # the engine serves the NaN, or a finite row
         m = first_mismatch({"w": sent}, {"w": served}, "float32")
-        assert m is not None and m.row == 3 and "the learner sent is not finite" in m.describe()
+        assert m is not None and m.row == 3 and m.learner_side and "the learner sent is not finite" in m.describe()
+        assert str(WeightMismatch(1, 7, m)).startswith("the learner sent weight version 7 with non-finite values")
+    assert not first_mismatch({"w": fingerprint(w[5:], 2, 0)}, {"w": fingerprint(w[5:] * 2)}, "float32").learner_side
     assert math.isinf(fingerprint(torch.tensor([1.0, float("nan")]))[0])  # a 1-D tensor too
 
 
@@ -116,3 +118,24 @@ def test_verify_names_the_engine_and_version_and_counts_engines_that_cannot_fing
     assert isinstance(err, WeightMismatch) and "rollout worker 1" in str(err) and "version 3" in str(err) and "w:" in str(err)
     assert settled.metrics()["verified"] == pytest.approx(2 / 3) and settled.metrics()["mismatches"] == 1
     assert "verified" not in verify(3, None, reports, "float32").metrics()  # not verifying
+
+
+def test_non_finite_weights_from_the_learner_stop_the_run_whatever_the_mismatch_action():
+    """Replacing an engine or sending the version again cannot help when what the learner sent is not finite: the
+    fleet stops at once, naming the learner, and replaces nothing."""
+    from types import SimpleNamespace
+
+    from asyncrl.orchestration.fleet import Fleet
+
+    w = torch.randn(4, 4)
+    bad = w.clone()
+    bad[2, 1] = float("nan")
+    sent = {"w": fingerprint(bad)}
+    for action in ("replace", "resend", "stop"):
+        replaced = []
+        settled = verify(5, sent, {0: LoadReport(5, 0.1, 64, {"w": fingerprint(w)}, 0.0)}, "float32")
+        fleet = SimpleNamespace(sync=SimpleNamespace(collect=lambda s=settled: s), on_mismatch=action, mismatches=0,
+                                replace_worker=lambda i, why: replaced.append(i), _publish=lambda: None)
+        with pytest.raises(WeightMismatch, match="the learner sent weight version 5 with non-finite values"):
+            Fleet.settle_weights(fleet)
+        assert replaced == [] and fleet.mismatches == 1

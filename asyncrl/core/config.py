@@ -305,7 +305,7 @@ class LearnerConfig(_Section):
     verify_stride: int = Field(2, ge=1)
     """The learner checks every this-many-th row of each weight matrix's fingerprint, a different share each sync (1: every row every sync; its cost falls this many times, an engine's does not; docs/fault-tolerance.md)."""
     on_weight_mismatch: Literal["stop", "resend", "replace"] = "resend"
-    """What a failed verification does: stop (the run ends with an error naming the engine, version and tensor), resend (the version is sent again once; a second mismatch stops) or replace (the engine is replaced like a crashed one, within rollout.max_restarts)."""
+    """What a failed verification does: stop (the run ends with an error naming the engine, version and tensor), resend (the version is sent again once; a second mismatch stops) or replace (the engine is replaced like a crashed one, within rollout.max_restarts). Weights the learner sent with non-finite values stop the run whatever this says: no engine can serve them right."""
     backend: Literal["auto", "gloo", "nccl"] = "auto"
     """Weight broadcast backend: auto (nccl on GPUs, gloo on CPUs), gloo or nccl."""
     weight_transport: Literal["broadcast", "cuda_ipc"] = "broadcast"

@@ -21,6 +21,7 @@ arrived moves its vector far more; a change smaller than the served dtype's roun
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -78,10 +79,15 @@ class Mismatch:
     served: float = float("nan")
     sent: float = float("nan")
 
+    @property
+    def learner_side(self) -> bool:
+        """The learner sent non-finite weights in the row compared: no engine can serve them right."""
+        return self.row >= 0 and not math.isfinite(self.sent)
+
     def describe(self) -> str:
         if self.row < 0:
             return f"{self.name}: the engine serves no such weight after the load"
-        if self.sent != self.sent or abs(self.sent) == float("inf"):
+        if self.learner_side:
             return f"{self.name}: row {self.row} of the weights the learner sent is not finite (its fingerprint {self.sent:.6g})"
         return (f"{self.name}: row {self.row} of its fingerprint is {self.served:.6g} served, {self.sent:.6g} sent "
                 f"({self.excess:.3g} times the tolerance)")
@@ -122,8 +128,12 @@ class WeightMismatch(RuntimeError):
     def __init__(self, engine: int, version: int, mismatch: Mismatch, again: bool = False) -> None:
         self.engine, self.version, self.mismatch = engine, version, mismatch
         twice = ", again after the version was sent a second time" if again else ""
-        super().__init__(f"rollout worker {engine} does not serve weight version {version} as the learner sent it{twice}: "
-                         f"{mismatch.describe()}")
+        if mismatch.learner_side:
+            super().__init__(f"the learner sent weight version {version} with non-finite values (found by rollout worker "
+                             f"{engine}'s verification): {mismatch.describe()}")
+        else:
+            super().__init__(f"rollout worker {engine} does not serve weight version {version} as the learner sent it{twice}: "
+                             f"{mismatch.describe()}")
 
 
 # ----------------------------------------------------------------------------- where a checkpoint tensor is served

@@ -129,8 +129,9 @@ class Fleet:
             print(f"asyncrl: WEIGHT MISMATCH {m}{' (sent twice)' if again else ''}; learner.on_weight_mismatch={self.on_mismatch}", flush=True)
         if not settled.mismatched:
             return settled.metrics()
-        if self.on_mismatch == "stop" or (self.on_mismatch == "resend" and again):
-            first = settled.mismatched[0]
+        learner_side = [m for m in settled.mismatched if m.mismatch.learner_side]  # no engine can fix: stop, whatever the action
+        if learner_side or self.on_mismatch == "stop" or (self.on_mismatch == "resend" and again):
+            first = (learner_side or settled.mismatched)[0]
             raise WeightMismatch(first.engine, first.version, first.mismatch, again=again)
         if self.on_mismatch == "resend":
             self._publish()  # the same version, to every engine (a broadcast reaches the whole group)
