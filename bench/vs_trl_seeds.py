@@ -42,10 +42,12 @@ def summarize(results: list[dict]) -> dict:
         per_side[side] = [{"overrides": r.get("overrides", []),
                            "time_s": (r[side]["time_to_threshold"] or {}).get("train_s"),
                            "samples_per_s": r[side]["samples_per_s"]} for r in results]
-    speedups = {side: [a["time_s"] and t["time_s"] and t["time_s"] / a["time_s"]
-                       for a, t in zip(per_side["asyncrl"], per_side[side])] for side in sides if side != "asyncrl"}
+    # a seed whose untrained model already met the threshold (every side shares its step 0) times nothing
+    at_start = [i for i, r in enumerate(results) if (r["asyncrl"]["time_to_threshold"] or {}).get("step") == 0]
+    speedups = {side: [None if i in at_start or not a["time_s"] or t["time_s"] is None else t["time_s"] / a["time_s"]
+                       for i, (a, t) in enumerate(zip(per_side["asyncrl"], per_side[side]))] for side in sides if side != "asyncrl"}
     return {"threshold": results[0]["threshold"], "split": results[0].get("split", "test"), "config": results[0]["config"],
-            "runs": len(results), "sides": per_side, "speedup_over": speedups}
+            "runs": len(results), "sides": per_side, "speedup_over": speedups, "at_start": at_start}
 
 
 def median_range(values: list[float | None], fmt: str) -> str:
@@ -66,10 +68,13 @@ def render(data: dict) -> str:
     lines.append("| seconds to the threshold | " + " | ".join(median_range([s["time_s"] for s in side], ".0f") for side in rows) + " |")
     lines.append("| trained samples/s | " + " | ".join(median_range([s["samples_per_s"] for s in side], ".2f") for side in rows) + " |")
     for side, values in data["speedup_over"].items():
-        reached = [v for v in values if v]
+        reached = [v for v in values if v is not None]
         cell = median_range(reached, ".2f") if reached else "–"
-        lines.append(f"\nasyncrl / {SIDES[side]}, time to the threshold, seeds where both reached it "
+        lines.append(f"\nasyncrl / {SIDES[side]}, time to the threshold, seeds where both reached it after training "
                      f"({len(reached)} of {len(values)}): **{cell}**")
+    if data.get("at_start"):
+        lines.append(f"\nIn {len(data['at_start'])} of {data['runs']} seeds the untrained model was already at the threshold "
+                     "on these problems (every side at 0 s): they time nothing and are left out of the speedups.")
     return "\n".join(lines) + "\n"
 
 

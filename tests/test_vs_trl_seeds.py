@@ -22,7 +22,7 @@ def test_medians_and_ranges_over_seeds_with_a_seed_that_never_reached_it():
     assert "| seconds to the threshold | 100 (90–120) | 300 (200–not reached) |" in text
     assert "| trained samples/s | 0.90 (0.90–0.90) | 0.50 (0.50–0.50) |" in text
     # speedups in the two seeds where both reached it: 3.0 and 2.22; an even count takes the lower median
-    assert "(2 of 3): **2.22 (2.22–3.00)**" in text
+    assert "after training (2 of 3): **2.22 (2.22–3.00)**" in text and "untrained model" not in text
 
 
 def test_runs_of_different_protocol_steps_are_refused():
@@ -44,7 +44,20 @@ def test_the_synchronous_side_has_its_column_and_speedup():
     assert "| | asyncrl | asyncrl, synchronous | TRL + vLLM colocate |" in text
     assert "| seconds to the threshold | 100 (90–120) | 150 (130–200) | 300 (300–300) |" in text
     # speedups over the synchronous side: 1.5, 1.083, 2.22 -> median 1.5
-    assert "asyncrl / asyncrl, synchronous, time to the threshold, seeds where both reached it (3 of 3): **1.50 (1.08–2.22)**" in text
+    assert "asyncrl / asyncrl, synchronous, time to the threshold, seeds where both reached it after training (3 of 3): **1.50 (1.08–2.22)**" in text
     other = dict(runs[1], sync_config="configs/y_sync.yaml")
     with pytest.raises(ValueError, match="differ in sync_config"):
         vs_trl_seeds.summarize([runs[0], other])
+
+
+def test_a_seed_whose_untrained_model_is_already_at_the_threshold_times_nothing():
+    """The threshold is fixed on the dev problems; a seed's test problems may put the untrained model at it already:
+    every side then reaches it at 0 s, which is no speedup of anyone's."""
+    start = result(1, 0.0, 0.0)
+    for side in ("asyncrl", "trl_vllm"):
+        start[side]["time_to_threshold"]["step"] = 0
+    data = vs_trl_seeds.summarize([result(0, 100, 300), start, result(2, 90, 200)])
+    assert data["at_start"] == [1] and data["speedup_over"]["trl_vllm"][1] is None
+    text = vs_trl_seeds.render(data)
+    assert "reached it after training (2 of 3): **2.22 (2.22–3.00)**" in text
+    assert "In 1 of 3 seeds the untrained model was already at the threshold" in text
