@@ -88,7 +88,7 @@ bench-smollm2: $(STAMP) $(SGLANG_STAMP)
 	echo "make bench-smollm2: all took $$(( $$(date +%s) - start )) s"
 
 # time to accuracy on the recipe: asyncrl, its synchronous baseline and TRL + vLLM, learning rates chosen on dev
-# problems, 3 seeds on test problems (docs/benchmarks.md); about 10 h on 2 cores, resumable (a recorded run is kept)
+# problems, 3 seeds on test problems (docs/benchmarks.md); about 20 h on 2 cores, resumable (a recorded run is kept)
 bench-smollm2-accuracy: $(STAMP)
 	$(PY) bench/accuracy_protocol.py
 

@@ -1,6 +1,6 @@
 """Time to accuracy, tuned fairly and reported on held-out problems: asyncrl, its synchronous baseline and TRL.
 
-    .venv/bin/python bench/accuracy_protocol.py            # every step not yet recorded, in order (about 10 h on 2 cores)
+    .venv/bin/python bench/accuracy_protocol.py            # every step not yet recorded, in order (about 20 h on 2 cores)
     .venv/bin/python bench/accuracy_protocol.py dev         # one step: dev | choose | test | summary
 
 Each step is `bench/vs_trl.py` runs (or reads their records), and every run is recorded in bench/results/ as it ends,
