@@ -353,6 +353,12 @@ def lengths_cell(d: dict | None) -> str:
     return f"mean {d['mean']:.0f} / max {d['max']:.0f} (TRL logs no percentiles), {d['cut']:.0%} cut"
 
 
+def holds_only(state: dict, initial: dict) -> bool:
+    """Whether every tensor of a snapshot equals the initial model's of that name (greedy scoring would repeat the
+    initial model's score exactly)."""
+    return all(name in initial and initial[name].shape == t.shape and bool((initial[name] == t).all()) for name, t in state.items())
+
+
 def evaluate(config: Path, model: str, sides: list[list[dict]], overrides: list[str] = (), split: str = "test",
              after_side=None) -> float:
     """Set `accuracy` on every point: greedy accuracy on the `split` problems (test: the task's held-out eval
@@ -401,7 +407,11 @@ def evaluate(config: Path, model: str, sides: list[list[dict]], overrides: list[
                 p.update(base)
                 continue
             state = torch.load(p["path"], map_location="cpu", weights_only=True)
-            load(state["model"] if isinstance(state.get("model"), dict) else state)  # learner.pt or a bare state_dict
+            state = state["model"] if isinstance(state.get("model"), dict) else state  # learner.pt or a bare state_dict
+            if holds_only(state, initial):  # TRL's step 0: the initial weights (a LoRA merge with B = 0), scored already
+                p.update(base)
+                continue
+            load(state)
             p.update(accuracies())
         if after_side is not None:
             after_side(i)

@@ -315,3 +315,15 @@ def test_a_scored_side_keeps_its_accuracies_only_for_the_same_snapshots(vs_trl, 
     other = {"points": [{"step": 0, "path": None}, {"step": 16, "path": "s16"}]}
     assert not vs_trl.take_scores(other, scored) and "accuracy" not in other["points"][1]
     assert vs_trl.kept_side(tmp_path, "job") == kept and vs_trl.kept_side(tmp_path, "another job") is None
+
+
+def test_a_snapshot_of_the_initial_weights_is_recognised_so_its_score_is_not_computed_twice(vs_trl):
+    import torch
+
+    initial = {"a.weight": torch.randn(4, 3), "b.weight": torch.randn(2), "c.weight": torch.randn(5, 5)}
+    assert vs_trl.holds_only({"a.weight": initial["a.weight"].clone(), "b.weight": initial["b.weight"].double()}, initial)
+    moved = initial["a.weight"].clone()
+    moved[1, 2] += 1e-6
+    assert not vs_trl.holds_only({"a.weight": moved}, initial)
+    assert not vs_trl.holds_only({"z.weight": torch.zeros(2)}, initial)  # a tensor the model does not have
+    assert not vs_trl.holds_only({"c.weight": initial["c.weight"][:4]}, initial)  # another shape
