@@ -5,7 +5,10 @@
 
 Each step is `bench/vs_trl.py` runs (or reads their records), and every run is recorded in bench/results/ as it ends,
 so the protocol can be stopped and resumed: a step whose record exists is not run again, and a run stopped part-way
-goes on from the sides it had finished (kept in bench/work/; `vs_trl.py --resume`).
+goes on from the sides it had finished. Each side runs and is scored on its own; once scored it is copied to
+bench/results/sides/<run>/<side>.json (commit it: a machine's bench/work/ does not outlast it), so a protocol spread
+over sessions on fresh machines loses at most the side it was running. `--sides asyncrl,sync` runs only those sides
+now (a session too short for TRL's); a run's record is written once its three sides are in the ledger.
 
 1. dev: for each learning rate of `LRS`, one run of the three sides back to back on the config's training stream,
    evaluated on the dev problems (`task.dev_size`): asyncrl (`--config`), its colocated synchronous baseline
@@ -119,13 +122,37 @@ WORK = BENCH / "work"
 that ends) goes on from its last finished side, or its last scored side, when the protocol is started again."""
 
 
-def run_vs_trl(args: list[str]) -> None:
+LEDGER = BENCH / "results" / "sides"
+"""Each finished side, once scored, as `vs_trl.py --ledger` copies it (git keeps it; commit it as it lands): a
+machine's run directories do not outlast it, so a protocol spread over sessions goes on from these."""
+
+
+def vs_trl_commands(args: list[str], sides: tuple[str, ...]) -> tuple[list[list[str]], Path]:
+    """One run's vs_trl invocations: each side of `sides` alone (run, or taken from the ledger, and scored), then,
+    once the ledger holds all of SIDES, the one that reports them; and where that record will be."""
     tag = args[args.index("--tag") + 1]
     stem = Path(args[args.index("--config") + 1]).stem
-    cmd = [sys.executable, str(BENCH / "vs_trl.py"), *args, "--keep", str(WORK / f"{stem}_{tag}"), "--resume"]
-    print("accuracy_protocol: " + " ".join(cmd[1:]), flush=True)
-    if subprocess.run(cmd, cwd=ROOT).returncode != 0:
-        raise SystemExit("accuracy_protocol: a vs_trl run failed; the runs recorded so far stay, rerun to go on")
+    base = [sys.executable, str(BENCH / "vs_trl.py"), *args, "--keep", str(WORK / f"{stem}_{tag}"), "--resume",
+            "--ledger", str(LEDGER / f"{stem}_{tag}")]
+    cmds = [[*base, "--only", side] for side in sides]
+    if set(SIDES) <= set(sides) | ledgered(LEDGER / f"{stem}_{tag}"):
+        cmds.append(base)
+    return cmds, record(f"vs_trl_{stem}_{tag}")
+
+
+def ledgered(ledger: Path) -> set[str]:
+    """The sides a run's ledger holds, scored."""
+    return {p.stem for p in ledger.glob("*.json") if json.loads(p.read_text()).get("scored")}
+
+
+def run_vs_trl(args: list[str], sides: tuple[str, ...] = SIDES) -> bool:
+    """Run one run's sides of `sides`; True when its record is written (every side of SIDES is in the ledger)."""
+    cmds, rec = vs_trl_commands(args, sides)
+    for cmd in cmds:
+        print("accuracy_protocol: " + " ".join(cmd[1:]), flush=True)
+        if subprocess.run(cmd, cwd=ROOT).returncode != 0:
+            raise SystemExit("accuracy_protocol: a vs_trl run failed; the sides recorded so far stay, rerun to go on")
+    return rec.is_file()
 
 
 def main() -> None:
@@ -136,14 +163,22 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=64, help="asyncrl learner steps per side (the others train as many samples)")
     parser.add_argument("--save-every", type=int, default=8)
     parser.add_argument("--dev-size", type=int, default=200)
+    parser.add_argument("--sides", default=",".join(SIDES),
+                        help="the sides to run now, comma-separated (a session too short for a whole run runs some; "
+                             "a run's record is written once the ledger holds all three)")
     args = parser.parse_args()
+    sides = tuple(s for s in args.sides.split(",") if s)
+    if not sides or set(sides) - set(SIDES):
+        parser.error(f"--sides {args.sides}: give some of {', '.join(SIDES)}")
     stem = Path(args.config).stem
     choice_name = f"accuracy_protocol_{stem}_choice"
     steps = ["dev", "choose", "test", "summary"] if args.step == "all" else [args.step]
     if "dev" in steps:
         for lr in LRS:
             if not record(f"vs_trl_{stem}_dev-lr{lr}").is_file():
-                run_vs_trl(dev_args(args.config, args.sync_config, lr, args.steps, args.save_every, args.dev_size))
+                run_vs_trl(dev_args(args.config, args.sync_config, lr, args.steps, args.save_every, args.dev_size), sides)
+        if any(not record(f"vs_trl_{stem}_dev-lr{lr}").is_file() for lr in LRS):
+            raise SystemExit("accuracy_protocol: the dev runs lack sides (see bench/results/sides/); run dev with the others")
     if "choose" in steps and not record(choice_name).is_file():
         start = provenance(sys.argv[1:])
         dev = {lr: json.loads(record(f"vs_trl_{stem}_dev-lr{lr}").read_text())["result"] for lr in LRS}
@@ -158,7 +193,9 @@ def main() -> None:
         choice = json.loads(record(choice_name).read_text())["result"]
         for seed in SEEDS:
             if not record(f"vs_trl_{stem}_test-s{seed}").is_file():
-                run_vs_trl(test_args(args.config, args.sync_config, choice, seed, args.steps, args.save_every, args.dev_size))
+                run_vs_trl(test_args(args.config, args.sync_config, choice, seed, args.steps, args.save_every, args.dev_size), sides)
+        if any(not record(f"vs_trl_{stem}_test-s{seed}").is_file() for seed in SEEDS):
+            raise SystemExit("accuracy_protocol: the test runs lack sides (see bench/results/sides/); run test with the others")
     if "summary" in steps:
         tests = [str(record(f"vs_trl_{stem}_test-s{seed}").relative_to(ROOT)) for seed in SEEDS]
         cmd = [sys.executable, str(BENCH / "vs_trl_seeds.py"), "--name", f"{stem}_test", *tests]

@@ -432,6 +432,19 @@ def job_line(cfg) -> str:
             f"T {r.temperature:g}, max_new_tokens {r.max_new_tokens}, {tuning}")
 
 
+def machines_note(result: dict) -> str:
+    """Where the sides ran, when some ran in earlier invocations (a protocol spread over sessions and machines)."""
+    kept = {k: m for k, m in (result.get("side_machines") or {}).items() if m}
+    if not result.get("resumed_sides") or not kept:
+        return ""
+    where = {k: f"{m['nproc']} cores ({m['cpu_model']}), load average at start {m['load_avg_1m_at_start']}" for k, m in kept.items()}
+    names = {"asyncrl": "asyncrl", **SIDE_NAMES}
+    if len({(m["nproc"], m["cpu_model"]) for m in kept.values()}) == 1:
+        return (f"; the sides ran one after another, in separate invocations, on machines of one kind ({next(iter(kept.values()))['cpu_model']}): "
+                + ", ".join(f"{names[k]} at load {m['load_avg_1m_at_start']}" for k, m in kept.items()))
+    return "; **the sides ran on machines of different kinds**: " + "; ".join(f"{names[k]} on {w}" for k, w in where.items())
+
+
 def render(result: dict) -> str:
     """The table, from the published result alone: its sides are asyncrl and the others present (SIDE_NAMES)."""
     threshold, mach, n_eval = result["threshold"], result["machine"], result["eval_size"]
@@ -457,7 +470,7 @@ def render(result: dict) -> str:
         f"(the samples of asyncrl's steps), snapshots every {result['save_every']} steps, threshold {threshold:.2f}{trl} "
         f"(`bench/vs_trl.py {' '.join(result['argv'])}`)",
         f"{result['date']}, {mach['nproc']} cores ({mach['cpu_model']}), "
-        f"load average at start {mach['load_avg_1m_at_start']}",
+        f"load average at start {mach['load_avg_1m_at_start']}" + machines_note(result),
         "",
         f"| | {' | '.join(names)} |",
         "|---|" + "---|" * len(names),
@@ -575,11 +588,32 @@ def plan_sides(args, model: str, trl_names: dict, trl_config: Path, trl_sets: li
     return plan
 
 
-def run_sides(plan: dict, work: Path, resume: bool) -> tuple[dict[str, dict], list[str]]:
-    """Run each side into work/<key> (with `resume`, take the ones the same job finished there before); returns
-    the runs and the keys taken from before."""
+def ledger_side(ledger: Path | None, key: str) -> Path | None:
+    """Where a finished, scored side is copied to outlast its machine (a file git keeps), or None: no ledger."""
+    return ledger / f"{key}.json" if ledger else None
+
+
+def from_ledger(work: Path, ledger: Path | None, key: str, job: str) -> bool:
+    """Put the ledger's copy of a side into work/<key> when the same job made it and work/<key> has none of its
+    own (a fresh machine: the run directories are gone, the scores are not); True when it did."""
+    copy = ledger_side(ledger, key)
+    if kept_side(work / key, job) is not None or copy is None or not copy.is_file():
+        return False
+    if json.loads(copy.read_text()).get("job") != job:
+        return False
+    shutil.rmtree(work / key, ignore_errors=True)
+    (work / key).mkdir(parents=True)
+    shutil.copyfile(copy, work / key / SIDE_FILE)
+    return True
+
+
+def run_sides(plan: dict, work: Path, resume: bool, ledger: Path | None = None) -> tuple[dict[str, dict], list[str]]:
+    """Run each side into work/<key> (with `resume`, take the ones the same job finished there before, or that
+    the ledger holds); returns the runs and the keys taken from before."""
     runs, resumed = {}, []
     for key, (what, job, run) in plan.items():
+        if resume and from_ledger(work, ledger, key, job):
+            print(f"vs_trl: {what}: taken from the ledger ({ledger_side(ledger, key)})", flush=True)
         kept = kept_side(work / key, job) if resume else None
         if kept is not None:
             print(f"vs_trl: {what}: finished by an earlier invocation of the same job ({work / key})", flush=True)
@@ -589,7 +623,7 @@ def run_sides(plan: dict, work: Path, resume: bool) -> tuple[dict[str, dict], li
         shutil.rmtree(work / key, ignore_errors=True)  # a run directory must start empty (metrics.jsonl is appended to)
         print(f"vs_trl: {what} ...", flush=True)
         runs[key] = run(work / key)
-        keep_side(work / key, job, runs[key])
+        keep_side(work / key, job, runs[key], machine=machine())
     return runs, resumed
 
 
@@ -654,6 +688,12 @@ def arg_parser() -> argparse.ArgumentParser:
                         help="a config override for the synchronous side only, after --set (its own tuned learner.lr)")
     parser.add_argument("--no-trl", action="store_true", help="no TRL side (asyncrl and --sync-config only)")
     parser.add_argument("--tag", help="appended to the result's name (vs_trl_<config>_<tag>), so runs of a protocol do not overwrite each other")
+    parser.add_argument("--ledger", type=Path,
+                        help="with --resume: copy each side, once scored, here (a directory git keeps), and take the sides "
+                             "found here, so that a protocol goes on from another machine, whose run directories are gone")
+    parser.add_argument("--only", action="append", choices=("asyncrl", "sync", "trl", "trl_vllm"), metavar="SIDE",
+                        help="with --resume: run (or take) and score only this side (repeatable; asyncrl, sync, trl, "
+                             "trl_vllm), keep it, and publish nothing: a later invocation without --only reports all sides")
     return parser
 
 
@@ -668,9 +708,12 @@ def main() -> None:
         parser.error("--no-trl runs no TRL side: drop --vllm, --vllm-only, --trl-config and --trl-set")
     if args.no_trl and not args.sync_config:
         parser.error("--no-trl leaves asyncrl alone: give --sync-config")
-    install_s = {} if args.vllm_only or args.no_trl else {"trl": ensure_venv(TRL_VENV, TRL_REQUIREMENTS)}
+    if (args.only or args.ledger) and not (args.resume and args.keep):
+        parser.error("--only and --ledger need --resume --keep DIR (the sides are kept there between invocations)")
+    wanted = set(args.only or ("asyncrl", "sync", "trl", "trl_vllm"))
+    install_s = {} if args.vllm_only or args.no_trl or "trl" not in wanted else {"trl": ensure_venv(TRL_VENV, TRL_REQUIREMENTS)}
     args.vllm = args.vllm or args.vllm_only
-    if args.vllm:
+    if args.vllm and "trl_vllm" in wanted:
         install_s["trl_vllm"] = ensure_venv(TRL_VLLM_VENV, TRL_VLLM_REQUIREMENTS, remove=("torchvision", "torchaudio", "torchcodec"))
     for name, seconds in install_s.items():
         state = f"installed in {seconds:.0f} s (set-up, not measured)" if seconds else "already installed"
@@ -707,8 +750,10 @@ def main() -> None:
             runs.update({k: collect_trl(work / k, "(reused)", None) for k in trl_names})
         else:
             work.mkdir(parents=True, exist_ok=True)
-            runs, resumed = run_sides(plan_sides(args, model, trl_names, trl_config, trl_sets, trl_steps, trl_every,
-                                                 sync_sets, sync_steps, sync_every), work, args.resume)
+            plan = plan_sides(args, model, trl_names, trl_config, trl_sets, trl_steps, trl_every, sync_sets, sync_steps, sync_every)
+            if args.only and not wanted & set(plan):
+                parser.error(f"--only {' '.join(args.only)}: this job has no such side (its sides: {', '.join(plan)})")
+            runs, resumed = run_sides({k: v for k, v in plan.items() if k in wanted}, work, args.resume, args.ledger)
             if "sync" in runs:
                 runs["sync"] = as_sync(runs["sync"])
             stamp(work, list(runs))
@@ -722,8 +767,21 @@ def main() -> None:
             if kept:
                 kept.setdefault("scored", {})[args.split] = todo[key]["points"]
                 (work / key / SIDE_FILE).write_text(json.dumps(kept, indent=1))
+                if args.ledger:
+                    args.ledger.mkdir(parents=True, exist_ok=True)
+                    shutil.copyfile(work / key / SIDE_FILE, ledger_side(args.ledger, key))
+                    print(f"vs_trl: {key} scored, kept in {ledger_side(args.ledger, key)} (commit it)", flush=True)
         eval_s = (evaluate(args.config, model, [r["points"] for r in todo.values()], args.set, args.split, after_side=keep_scores)
                   if todo else 0.0)
+        if args.ledger:  # sides taken from the ledger were scored before; the others are now: copy any not there yet
+            for key in runs:
+                if (work / key / SIDE_FILE).is_file() and not ledger_side(args.ledger, key).is_file():
+                    args.ledger.mkdir(parents=True, exist_ok=True)
+                    shutil.copyfile(work / key / SIDE_FILE, ledger_side(args.ledger, key))
+        machines = {k: read_side(work / k).get("machine") for k in runs}
+    if args.only:
+        print(f"vs_trl: {', '.join(runs)} run and scored; nothing published (--only): run again without --only to report", flush=True)
+        return
     rs = {k: ratios(runs["asyncrl"]["points"], runs[k]["points"], args.threshold) for k in others}
     for run in runs.values():
         for p in run["points"]:
@@ -738,6 +796,7 @@ def main() -> None:
         "trl_steps": trl_steps, "machine": mach, "steps": args.steps, "save_every": args.save_every, "threshold": args.threshold,
         "trl_threads": args.trl_threads, "install_s": install_s, "eval_s": eval_s, "argv": sys.argv[1:],
         "resumed_sides": resumed if not args.reuse else [],  # made by an earlier invocation (--resume), same job
+        "side_machines": machines,  # where each side ran (None: before this was recorded, or --reuse)
         "job": job_line(cfg), "eval_size": cfg.task.eval_size if args.split == "test" else cfg.task.dev_size,
         "total_s_excluding_install": time.perf_counter() - t_start,
         **runs, "ratios_asyncrl_over": rs,

@@ -81,3 +81,21 @@ def test_the_dev_phase_never_reads_the_test_problems():
     dev = ap.dev_args("configs/a.yaml", "configs/a_sync.yaml", "5e-4", 64, 8, 200)
     assert ("--set", "run.eval=false") in zip(dev, dev[1:])  # asyncrl's own evaluation scores the test problems
     assert ("--split", "dev") in zip(dev, dev[1:])
+
+
+def test_each_side_runs_alone_and_the_record_waits_for_all_three_in_the_ledger(tmp_path, monkeypatch):
+    monkeypatch.setattr(ap, "LEDGER", tmp_path)
+    args = ap.dev_args("configs/smollm2_word_problems.yaml", "configs/smollm2_word_problems_sync.yaml", "5e-4", 64, 8, 200)
+    cmds, rec = ap.vs_trl_commands(args, ("asyncrl", "sync"))
+    assert [c[c.index("--only") + 1] for c in cmds] == ["asyncrl", "sync"]  # TRL's side not yet: no record either
+    assert all(c[c.index("--ledger") + 1] == str(tmp_path / "smollm2_word_problems_dev-lr5e-4") for c in cmds)
+    assert rec.name == "vs_trl_smollm2_word_problems_dev-lr5e-4.json"
+
+    ledger = tmp_path / "smollm2_word_problems_dev-lr5e-4"
+    ledger.mkdir()
+    for s in ("asyncrl", "sync"):
+        (ledger / f"{s}.json").write_text('{"job": "j", "run": {}, "scored": {"dev": []}}')
+    (ledger / "trl_vllm.json").write_text('{"job": "j", "run": {}}')  # run but not scored: not done
+    assert ap.ledgered(ledger) == {"asyncrl", "sync"}
+    cmds, _ = ap.vs_trl_commands(args, ("trl_vllm",))
+    assert "--only" in cmds[0] and len(cmds) == 2 and "--only" not in cmds[1]  # TRL's side, then the record of all three

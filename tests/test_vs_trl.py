@@ -327,3 +327,40 @@ def test_a_snapshot_of_the_initial_weights_is_recognised_so_its_score_is_not_com
     assert not vs_trl.holds_only({"a.weight": moved}, initial)
     assert not vs_trl.holds_only({"z.weight": torch.zeros(2)}, initial)  # a tensor the model does not have
     assert not vs_trl.holds_only({"c.weight": initial["c.weight"][:4]}, initial)  # another shape
+
+
+def test_a_side_in_the_ledger_is_taken_on_a_fresh_machine_only_for_the_same_job(vs_trl, tmp_path):
+    ran = []
+
+    def run(out: Path) -> dict:
+        out.mkdir(parents=True)
+        ran.append(out.name)
+        return {"points": [{"step": 0, "path": None}, {"step": 8, "path": str(out / "s8")}]}
+
+    job = vs_trl.side_job("asyncrl", Path("c.yaml"), ["learner.lr=5e-4"], 64, 8)
+    scored = [{"step": 0, "accuracy": 0.3}, {"step": 8, "accuracy": 0.4}]
+    ledger = tmp_path / "ledger"
+    ledger.mkdir()
+    vs_trl.keep_side(ledger, job, {"points": [{"step": 0, "path": None}, {"step": 8, "path": "/gone/s8"}]}, scored={"dev": scored})
+    (ledger / vs_trl.SIDE_FILE).rename(ledger / "asyncrl.json")
+
+    work = tmp_path / "work"  # a fresh machine: no run directories
+    runs, resumed = vs_trl.run_sides({"asyncrl": ("asyncrl", job, run)}, work, resume=True, ledger=ledger)
+    assert ran == [] and resumed == ["asyncrl"]
+    assert vs_trl.take_scores(runs["asyncrl"], vs_trl.scored_side(work / "asyncrl", "dev"))
+    assert [p["accuracy"] for p in runs["asyncrl"]["points"]] == [0.3, 0.4]
+
+    other = vs_trl.side_job("asyncrl", Path("c.yaml"), ["learner.lr=1e-3"], 64, 8)  # another rate: the ledger's is not it
+    runs, resumed = vs_trl.run_sides({"asyncrl": ("asyncrl", other, run)}, tmp_path / "work2", resume=True, ledger=ledger)
+    assert ran == ["asyncrl"] and resumed == []
+    assert vs_trl.read_side(tmp_path / "work2" / "asyncrl")["machine"]["nproc"] >= 1  # where it ran is kept with it
+
+
+def test_the_table_says_where_sides_made_in_other_invocations_ran(vs_trl):
+    m = {"nproc": 2, "cpu_model": "Xeon A", "load_avg_1m_at_start": 0.1}
+    same = {"resumed_sides": ["asyncrl", "sync"], "side_machines": {"asyncrl": m, "sync": {**m, "load_avg_1m_at_start": 1.5}}}
+    assert "machines of one kind (Xeon A)" in vs_trl.machines_note(same) and "at load 1.5" in vs_trl.machines_note(same)
+    mixed = {**same, "side_machines": {"asyncrl": m, "sync": {**m, "cpu_model": "EPYC B"}}}
+    assert "different kinds" in vs_trl.machines_note(mixed) and "EPYC B" in vs_trl.machines_note(mixed)
+    assert vs_trl.machines_note({**same, "resumed_sides": []}) == ""  # one invocation: the heading's machine is every side's
+    assert vs_trl.machines_note({"resumed_sides": ["sync"]}) == ""  # a record from before sides kept their machine
