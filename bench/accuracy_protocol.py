@@ -91,9 +91,12 @@ def test_args(config: str, sync_config: str, choice: dict, seed: int, steps: int
 
 
 def common_args(config: str, sync_config: str, steps: int, every: int, dev_size: int) -> list[str]:
-    """Both phases train on one stream: the dev problems are held out of it in the test runs too."""
+    """Both phases train on one stream: the dev problems are held out of it in the test runs too. float32 on every
+    side and machine: `model.dtype=auto` is bfloat16 on CPUs with native bf16 and float32 on the others, and the
+    protocol's sides run on whichever machine each session gets (TRL's side runs in float32 only)."""
     return ["--config", config, "--sync-config", sync_config, "--trl-config", sync_config, "--vllm-only",
-            "--steps", str(steps), "--save-every", str(every), "--set", f"task.dev_size={dev_size}"]
+            "--steps", str(steps), "--save-every", str(every), "--set", f"task.dev_size={dev_size}",
+            "--set", "model.dtype=float32"]
 
 
 def render(data: dict) -> str:

@@ -67,6 +67,8 @@ def test_test_runs_use_each_sides_rate_and_the_dev_threshold_on_the_dev_phases_s
     dev = ap.dev_args("configs/a.yaml", "configs/a_sync.yaml", "1e-3", 64, 8, 200)
     assert ("--split", "dev") in zip(dev, dev[1:]) and ("--set", "learner.lr=1e-3") in zip(dev, dev[1:])
     assert "--vllm-only" in dev and ("--trl-config", "configs/a_sync.yaml") in zip(dev, dev[1:])
+    # one compute dtype on every machine a side may run on (auto would be bf16 on some CPUs, float32 on others)
+    assert ("--set", "model.dtype=float32") in pairs and ("--set", "model.dtype=float32") in zip(dev, dev[1:])
 
 
 def test_the_choice_table_marks_the_kept_rates():
