@@ -8,7 +8,9 @@ so the protocol can be stopped and resumed: a step whose record exists is not ru
 goes on from the sides it had finished. Each side runs and is scored on its own; once scored it is copied to
 bench/results/sides/<run>/<side>.json (commit it: a machine's bench/work/ does not outlast it), so a protocol spread
 over sessions on fresh machines loses at most the side it was running. `--sides asyncrl,sync` runs only those sides
-now (a session too short for TRL's); a run's record is written once its three sides are in the ledger.
+now (a session too short for TRL's); a run's record is written once its three sides are in the ledger. A test run's
+sides all run on one kind of machine (core count and CPU model): a seed started on another kind waits for a session
+on that kind, and the next seed runs instead.
 
 1. dev: for each learning rate of `LRS`, one run of the three sides back to back on the config's training stream,
    evaluated on the dev problems (`task.dev_size`): asyncrl (`--config`), its colocated synchronous baseline
@@ -33,7 +35,7 @@ import sys
 from pathlib import Path
 
 from results_io import provenance, publish  # bench/ is on sys.path when a benchmark runs as a script
-from vs_trl import SIDE_NAMES
+from vs_trl import SIDE_NAMES, machine
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "bench"
@@ -148,6 +150,22 @@ def ledgered(ledger: Path) -> set[str]:
     return {p.stem for p in ledger.glob("*.json") if json.loads(p.read_text()).get("scored")}
 
 
+def machine_kind(m: dict) -> str:
+    """What makes two machines' clocks comparable here: the core count and the CPU model."""
+    return f"{m['nproc']} cores ({m['cpu_model']})"
+
+
+def elsewhere(ledger: Path, here: dict) -> dict[str, str]:
+    """The sides of a run in `ledger` that ran on another kind of machine than `here`: {side: its kind}. A test
+    run's clocks are compared, so its sides must share one kind of machine."""
+    out = {}
+    for p in sorted(ledger.glob("*.json")):
+        m = json.loads(p.read_text()).get("machine")
+        if m and machine_kind(m) != machine_kind(here):
+            out[p.stem] = machine_kind(m)
+    return out
+
+
 def run_vs_trl(args: list[str], sides: tuple[str, ...] = SIDES) -> bool:
     """Run one run's sides of `sides`; True when its record is written (every side of SIDES is in the ledger)."""
     cmds, rec = vs_trl_commands(args, sides)
@@ -194,9 +212,16 @@ def main() -> None:
         publish(BENCH / "results", choice_name, "accuracy_protocol", data, sys.argv[1:], start)
     if "test" in steps:
         choice = json.loads(record(choice_name).read_text())["result"]
+        here = machine()
         for seed in SEEDS:
-            if not record(f"vs_trl_{stem}_test-s{seed}").is_file():
-                run_vs_trl(test_args(args.config, args.sync_config, choice, seed, args.steps, args.save_every, args.dev_size), sides)
+            if record(f"vs_trl_{stem}_test-s{seed}").is_file():
+                continue
+            other = elsewhere(LEDGER / f"{stem}_test-s{seed}", here)
+            if other:  # its clocks would not compare: left for a session on that kind of machine
+                print(f"accuracy_protocol: test seed {seed} is left for another session: its sides "
+                      f"{', '.join(f'{k} ran on {v}' for k, v in other.items())}; this machine has {machine_kind(here)}", flush=True)
+                continue
+            run_vs_trl(test_args(args.config, args.sync_config, choice, seed, args.steps, args.save_every, args.dev_size), sides)
         if any(not record(f"vs_trl_{stem}_test-s{seed}").is_file() for seed in SEEDS):
             raise SystemExit("accuracy_protocol: the test runs lack sides (see bench/results/sides/); run test with the others")
     if "summary" in steps:

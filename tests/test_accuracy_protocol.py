@@ -1,6 +1,7 @@
 """bench/accuracy_protocol.py: the dev-phase choice of learning rates and threshold, and the runs it asks for (no runs)."""
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -101,3 +102,14 @@ def test_each_side_runs_alone_and_the_record_waits_for_all_three_in_the_ledger(t
     assert ap.ledgered(ledger) == {"asyncrl", "sync"}
     cmds, _ = ap.vs_trl_commands(args, ("trl_vllm",))
     assert "--only" in cmds[0] and len(cmds) == 2 and "--only" not in cmds[1]  # TRL's side, then the record of all three
+
+
+def test_a_test_runs_sides_share_one_kind_of_machine(tmp_path):
+    xeon = {"nproc": 2, "cpu_model": "Xeon", "load_avg_1m_at_start": 0.2}
+    epyc = {"nproc": 2, "cpu_model": "EPYC", "load_avg_1m_at_start": 0.1}
+    (tmp_path / "asyncrl.json").write_text(json.dumps({"job": "j", "machine": xeon}))
+    (tmp_path / "sync.json").write_text(json.dumps({"job": "j"}))  # recorded before sides kept their machine
+    assert ap.elsewhere(tmp_path, {**xeon, "load_avg_1m_at_start": 1.9}) == {}  # the load differs, the kind does not
+    assert ap.elsewhere(tmp_path, epyc) == {"asyncrl": "2 cores (Xeon)"}
+    assert ap.elsewhere(tmp_path, {**xeon, "nproc": 4}) == {"asyncrl": "2 cores (Xeon)"}
+    assert ap.elsewhere(tmp_path / "none yet", epyc) == {}
