@@ -137,12 +137,17 @@ def vs_trl_commands(args: list[str], sides: tuple[str, ...]) -> tuple[list[list[
     once the ledger holds all of SIDES, the one that reports them; and where that record will be."""
     tag = args[args.index("--tag") + 1]
     stem = Path(args[args.index("--config") + 1]).stem
-    base = [sys.executable, str(BENCH / "vs_trl.py"), *args, "--keep", str(WORK / f"{stem}_{tag}"), "--resume",
-            "--ledger", str(LEDGER / f"{stem}_{tag}")]
+    base = [sys.executable, str(BENCH / "vs_trl.py"), *args, "--keep", shown(WORK / f"{stem}_{tag}"), "--resume",
+            "--ledger", shown(LEDGER / f"{stem}_{tag}")]
     cmds = [[*base, "--only", side] for side in sides]
     if set(SIDES) <= set(sides) | ledgered(LEDGER / f"{stem}_{tag}"):
         cmds.append(base)
     return cmds, record(f"vs_trl_{stem}_{tag}")
+
+
+def shown(path: Path) -> str:
+    """A path as the records' commands show it: from the repository's root (vs_trl runs there), not this machine's."""
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
 
 
 def ledgered(ledger: Path) -> set[str]:

@@ -93,6 +93,12 @@ def test_each_side_runs_alone_and_the_record_waits_for_all_three_in_the_ledger(t
     assert [c[c.index("--only") + 1] for c in cmds] == ["asyncrl", "sync"]  # TRL's side not yet: no record either
     assert all(c[c.index("--ledger") + 1] == str(tmp_path / "smollm2_word_problems_dev-lr5e-4") for c in cmds)
     assert rec.name == "vs_trl_smollm2_word_problems_dev-lr5e-4.json"
+    monkeypatch.setattr(ap, "LEDGER", ap.ROOT / "bench" / "results" / "sides")  # the records show paths from the root
+    cmds, _ = ap.vs_trl_commands(args, ("asyncrl",))
+    pairs = list(zip(cmds[0], cmds[0][1:]))
+    assert ("--ledger", "bench/results/sides/smollm2_word_problems_dev-lr5e-4") in pairs
+    assert ("--keep", "bench/work/smollm2_word_problems_dev-lr5e-4") in pairs
+    monkeypatch.setattr(ap, "LEDGER", tmp_path)
 
     ledger = tmp_path / "smollm2_word_problems_dev-lr5e-4"
     ledger.mkdir()
