@@ -175,8 +175,8 @@ class Trainer:
         return torch.tensor([held and s["policy_version_start"] == version == s["policy_version_end"] for s in samples], device=self.device)
 
     def _mini_batches(self, size: int) -> tuple[torch.Tensor, ...]:
-        """The rows of each of the step's `learner.mini_batches` updates."""
-        return torch.arange(size, device=self.device).chunk(self.cfg.learner.mini_batches)
+        """The rows of each of the step's `learner.mini_batches` updates (the same on every learner worker)."""
+        return mini_batch_rows(size, self.cfg.learner.mini_batches, self.cfg.learner.shuffle, self.cfg.run.seed, self.steps_done, self.device)
 
     def proximal_from_update(self, size: int) -> torch.Tensor:
         """[B] bool: the rows whose pi_prox (the policy's log-probs before this step) comes from the update's own
@@ -233,6 +233,16 @@ class Trainer:
             metrics["alert/rolled_back"] = 1.0
             return False
         return True
+
+
+def mini_batch_rows(size: int, count: int, shuffle: bool, seed: int, step: int, device=None) -> tuple[torch.Tensor, ...]:
+    """A batch's rows split into `count` updates: with `shuffle` (and more than one update) a permutation drawn from
+    (seed, step), so every worker draws the same and a rerun of the step draws it again; else in arrival order."""
+    if count > 1 and shuffle:
+        rows = torch.randperm(size, generator=torch.Generator().manual_seed(seed * 1_000_003 + step))
+    else:
+        rows = torch.arange(size)
+    return rows.to(device).chunk(count)
 
 
 def updates(batch: Batch, minis: tuple[torch.Tensor, ...], opt, loss_fn, loss_key: str, grad_key: str, dp: lg.GroupInfo,

@@ -46,6 +46,11 @@ fails with "'Parameter' object has no attribute 'weight_loader'". There the
 sync sends the same merged weights through vLLM's in-place reload
 (`model_runner.reload_weights(weights_iterator=...)`, the path asyncrl's
 engine takes); timeline.json says which sync ran (`vllm_weight_sync`).
+And one setting TRL has no knob for: its colocated `LLM(...)` takes vLLM's
+default dtype, bfloat16 on CPUs, while its trainer runs in float32 (log-probs
+then differ by about 0.02 a token and its importance weights range 0.25-2.5);
+here vLLM gets the job's dtype (float32), as asyncrl's engine does
+(`vllm_dtype` in timeline.json).
 """
 from __future__ import annotations
 
@@ -116,6 +121,17 @@ def prepacked(model: torch.nn.Module) -> bool:
     `weight`): `load_weights` cannot write into such a layer, an in-place reload can."""
     return any(hasattr(m, "cpu_linear") and getattr(m, "weight", None) is not None and m.weight.numel() == 0
                for m in model.modules())
+
+
+def vllm_in_dtype(dtype: str) -> None:
+    """Give the `LLM` TRL's colocated generation builds the job's dtype (TRL passes none: vLLM's default)."""
+    import trl.generation.vllm_generation as generation
+
+    built = generation.LLM
+
+    def llm(*args, **kwargs):
+        return built(*args, **{"dtype": dtype, **kwargs})
+    generation.LLM = llm
 
 
 def colocated_sync(trainer) -> str:
@@ -280,6 +296,8 @@ def main(argv: list[str] | None = None) -> None:
     lora = peft_config(cfg, model.config.num_hidden_layers)
     snaps = Snapshots(args.out, args.save_every, per_step, lora=lora is not None,
                       max_s=args.max_minutes * 60 if args.max_minutes else None)
+    if args.vllm:
+        vllm_in_dtype(cfg.model.dtype)
     trainer = GRPOTrainer(model=model, reward_funcs=make_reward_fn(cfg.task.reward), args=config, train_dataset=dataset,
                           processing_class=tokenizer, callbacks=[snaps], peft_config=lora)
     for cb in (PrinterCallback, ProgressCallback):  # one line per snapshot instead
@@ -299,6 +317,7 @@ def main(argv: list[str] | None = None) -> None:
         "save_every": args.save_every, "threads": args.threads,
         "samples_per_step": per_step, "train_s": final["train_s"], "samples": final["samples"],
         "snapshot_save_s": snaps.paused, "points": snaps.points, "logs": snaps.logs, "vllm_weight_sync": weight_sync,
+        "vllm_dtype": cfg.model.dtype if args.vllm else None,
         "versions": {"torch": torch.__version__, **{m: __import__(m).__version__ for m in ("trl", "transformers", "accelerate", "datasets", "peft")}},
         "optimizer": {"class": type(opt).__name__, **{k: opt.defaults.get(k) for k in ("betas", "eps", "fused", "foreach")},
                       "lr": sorted({g["lr"] for g in opt.param_groups}), "weight_decay": sorted({g["weight_decay"] for g in opt.param_groups})},

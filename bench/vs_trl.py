@@ -330,7 +330,7 @@ def collect_trl(out: Path, command: str, wall: float | None) -> dict:
     return {"response_lengths": trl_lengths(logs), "command": command, "process_wall_s": wall, "points": points,
             "finished": done, "snapshot_save_s": timeline.get("snapshot_save_s"),
             "versions": timeline.get("versions", {"trl": pinned.get("trl", "?") + " (pinned)"}), "optimizer": timeline.get("optimizer"),
-            "vllm_weight_sync": timeline.get("vllm_weight_sync"),
+            "vllm_weight_sync": timeline.get("vllm_weight_sync"), "vllm_dtype": timeline.get("vllm_dtype"),
             "step_s": step_s, "reward_mean_by_step": {r["step"]: r["reward"] for r in logs if "reward" in r}}
 
 

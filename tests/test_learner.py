@@ -193,7 +193,8 @@ def test_proximal_from_the_update_matches_a_separate_proximal_pass(random_model_
     # never fires forces the separate no-grad pass. Same gradients, same metrics, over two steps (the second off the first).
     fused = learner(random_model_dir, f"learner.micro_batch_size={micro}", f"learner.mini_batches={minis}")
     separate = learner(random_model_dir, f"learner.micro_batch_size={micro}", f"learner.mini_batches={minis}", "algorithm.kl_alert=1e9")
-    assert fused._proximal_from_update(16).tolist() == [True] * (16 // minis) + [False] * (16 - 16 // minis)
+    first = fused._proximal_from_update(16)  # the rows of the first update (drawn at random with two updates)
+    assert int(first.sum()) == 16 // minis and first.nonzero().squeeze(-1).tolist() == sorted(fused.trainer._mini_batches(16)[0].tolist())
     assert not separate._proximal_from_update(16).any()
     for step in range(2):
         samples = fake_samples()
@@ -476,3 +477,17 @@ def test_a_step_with_shared_prompts_matches_one_without(random_model_dir):
         torch.testing.assert_close(b, a, atol=1e-6, rtol=1e-4)
     for key in ("loss/policy", "learner/entropy", "kl/behavior", "is_ratio/mean"):
         assert m_on[key] == pytest.approx(m_off[key], rel=1e-4, abs=1e-6)
+
+
+def test_mini_batches_draw_their_rows_at_random_per_step_and_the_same_on_every_worker():
+    from actors.learner_step import mini_batch_rows
+
+    minis = mini_batch_rows(64, 4, True, seed=0, step=3)
+    rows = torch.cat(minis)
+    assert [len(m) for m in minis] == [16] * 4 and sorted(rows.tolist()) == list(range(64))  # every row in one update
+    assert rows.tolist() != list(range(64))  # not arrival order: the short groups that finish first are spread out
+    assert all(torch.equal(a, b) for a, b in zip(minis, mini_batch_rows(64, 4, True, seed=0, step=3)))  # every worker, a rerun
+    assert not torch.equal(rows, torch.cat(mini_batch_rows(64, 4, True, seed=0, step=4)))  # another step, another draw
+    assert not torch.equal(rows, torch.cat(mini_batch_rows(64, 4, True, seed=1, step=3)))
+    assert torch.cat(mini_batch_rows(64, 4, False, seed=0, step=3)).tolist() == list(range(64))  # learner.shuffle=false
+    assert torch.cat(mini_batch_rows(16, 1, True, seed=0, step=3)).tolist() == list(range(16))  # one update: nothing to draw

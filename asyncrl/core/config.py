@@ -292,6 +292,8 @@ class LearnerConfig(_Section):
     """Samples per learner step; a multiple of rollout.group_size."""
     mini_batches: int = Field(1, ge=1)
     """Optimizer updates per batch (PPO epochs split into mini-batches)."""
+    shuffle: bool = True
+    """With mini_batches > 1: each update's rows are a random draw from the step's batch (seeded by run.seed and the step), as TRL and OpenRLHF draw theirs; false: in arrival order, where groups that finish first (the short ones) all land in the first update and the long ones in the last."""
     micro_batch_size: int = Field(64, ge=1)
     """Samples per forward/backward; gradients accumulate across micro-batches."""
     grad_clip: float = 1.0
