@@ -35,7 +35,7 @@ import sys
 from pathlib import Path
 
 from results_io import provenance, publish  # bench/ is on sys.path when a benchmark runs as a script
-from vs_trl import SIDE_NAMES, machine
+from vs_trl import SIDE_NAMES, machine, machine_kind
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "bench"
@@ -153,11 +153,6 @@ def shown(path: Path) -> str:
 def ledgered(ledger: Path) -> set[str]:
     """The sides a run's ledger holds, scored."""
     return {p.stem for p in ledger.glob("*.json") if json.loads(p.read_text()).get("scored")}
-
-
-def machine_kind(m: dict) -> str:
-    """What makes two machines' clocks comparable here: the core count and the CPU model."""
-    return f"{m['nproc']} cores ({m['cpu_model']})"
 
 
 def elsewhere(ledger: Path, here: dict) -> dict[str, str]:

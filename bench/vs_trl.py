@@ -200,6 +200,11 @@ def machine() -> dict:
     return {"nproc": os.cpu_count(), "cpu_model": model, "load_avg_1m_at_start": round(os.getloadavg()[0], 2)}
 
 
+def machine_kind(m: dict) -> str:
+    """What makes two machines' clocks comparable here: the core count and the CPU model."""
+    return f"{m['nproc']} cores ({m['cpu_model']})"
+
+
 def requirement_lines(path: Path) -> list[str]:
     """The requirement lines of a requirements file, following `-r` includes."""
     lines = []
@@ -438,12 +443,12 @@ def machines_note(result: dict) -> str:
     kept = {k: m for k, m in (result.get("side_machines") or {}).items() if m}
     if not result.get("resumed_sides") or not kept:
         return ""
-    where = {k: f"{m['nproc']} cores ({m['cpu_model']}), load average at start {m['load_avg_1m_at_start']}" for k, m in kept.items()}
     names = {"asyncrl": "asyncrl", **SIDE_NAMES}
-    if len({(m["nproc"], m["cpu_model"]) for m in kept.values()}) == 1:
+    if len({machine_kind(m) for m in kept.values()}) == 1:
         return (f"; the sides ran one after another, in separate invocations, on machines of one kind ({next(iter(kept.values()))['cpu_model']}): "
                 + ", ".join(f"{names[k]} at load {m['load_avg_1m_at_start']}" for k, m in kept.items()))
-    return "; **the sides ran on machines of different kinds**: " + "; ".join(f"{names[k]} on {w}" for k, w in where.items())
+    return "; **the sides ran on machines of different kinds**: " + "; ".join(
+        f"{names[k]} on {machine_kind(m)}, load average at start {m['load_avg_1m_at_start']}" for k, m in kept.items())
 
 
 def render(result: dict) -> str:
@@ -592,6 +597,12 @@ def plan_sides(args, model: str, trl_names: dict, trl_config: Path, trl_sets: li
 def ledger_side(ledger: Path | None, key: str) -> Path | None:
     """Where a finished, scored side is copied to outlast its machine (a file git keeps), or None: no ledger."""
     return ledger / f"{key}.json" if ledger else None
+
+
+def to_ledger(work: Path, ledger: Path, key: str) -> None:
+    """Copy a scored side's record from work/<key> to the ledger."""
+    ledger.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(work / key / SIDE_FILE, ledger_side(ledger, key))
 
 
 def from_ledger(work: Path, ledger: Path | None, key: str, job: str) -> bool:
@@ -769,16 +780,14 @@ def main() -> None:
                 kept.setdefault("scored", {})[args.split] = todo[key]["points"]
                 (work / key / SIDE_FILE).write_text(json.dumps(kept, indent=1))
                 if args.ledger:
-                    args.ledger.mkdir(parents=True, exist_ok=True)
-                    shutil.copyfile(work / key / SIDE_FILE, ledger_side(args.ledger, key))
+                    to_ledger(work, args.ledger, key)
                     print(f"vs_trl: {key} scored, kept in {ledger_side(args.ledger, key)} (commit it)", flush=True)
         eval_s = (evaluate(args.config, model, [r["points"] for r in todo.values()], args.set, args.split, after_side=keep_scores)
                   if todo else 0.0)
         if args.ledger:  # sides taken from the ledger were scored before; the others are now: copy any not there yet
             for key in runs:
                 if (work / key / SIDE_FILE).is_file() and not ledger_side(args.ledger, key).is_file():
-                    args.ledger.mkdir(parents=True, exist_ok=True)
-                    shutil.copyfile(work / key / SIDE_FILE, ledger_side(args.ledger, key))
+                    to_ledger(work, args.ledger, key)
         machines = {k: read_side(work / k).get("machine") for k in runs}
     if args.only:
         print(f"vs_trl: {', '.join(runs)} run and scored; nothing published (--only): run again without --only to report", flush=True)
