@@ -208,7 +208,7 @@ def main() -> None:
         except ValueError as exc:
             raise SystemExit(f"accuracy_protocol: {exc}")
         data.update(config=args.config, steps=args.steps, dev_size=args.dev_size,
-                    records=[str(record(f"vs_trl_{stem}_dev-lr{lr}").relative_to(ROOT)) for lr in LRS])
+                    records=[shown(record(f"vs_trl_{stem}_dev-lr{lr}")) for lr in LRS])
         publish(BENCH / "results", choice_name, "accuracy_protocol", data, sys.argv[1:], start)
     if "test" in steps:
         choice = json.loads(record(choice_name).read_text())["result"]
@@ -225,7 +225,7 @@ def main() -> None:
         if any(not record(f"vs_trl_{stem}_test-s{seed}").is_file() for seed in SEEDS):
             raise SystemExit("accuracy_protocol: the test runs lack sides (see bench/results/sides/); run test with the others")
     if "summary" in steps:
-        tests = [str(record(f"vs_trl_{stem}_test-s{seed}").relative_to(ROOT)) for seed in SEEDS]
+        tests = [shown(record(f"vs_trl_{stem}_test-s{seed}")) for seed in SEEDS]
         cmd = [sys.executable, str(BENCH / "vs_trl_seeds.py"), "--name", f"{stem}_test", *tests]
         if subprocess.run(cmd, cwd=ROOT).returncode != 0:
             raise SystemExit("accuracy_protocol: the summary failed")
