@@ -10,6 +10,8 @@ With `algorithm.filter_zero_variance` a group whose (shaped) rewards are all
 equal is recorded as `filtered` when it arrives and frees its admission, so
 another group is started in its place and batches stay full (DAPO's dynamic
 sampling); the staleness bound still judges every group that is trained on.
+A batch at the last step of a version waits (up to `buffer.expiring_wait_s`) for a group still being generated
+that this version is the last allowed to train on, rather than leave it to be dropped as stale (staleness.py).
 Every sample ends here in exactly one status, written to the trajectory store.
 """
 from __future__ import annotations
@@ -23,7 +25,7 @@ from asyncrl.core.deliveries import Deliveries
 from asyncrl.core.messages import GroupId
 from asyncrl.core.schema import Status, new_sample
 from asyncrl.core.shaping import shaped_reward, zero_variance
-from asyncrl.core.staleness import admissible, split_stale, take_batch
+from asyncrl.core.staleness import admissible, oldest_start, split_stale, take_batch, waits_for_expiring
 from asyncrl.core.store import TrajectoryStore
 
 
@@ -44,6 +46,8 @@ class ReplayBuffer:
         self.changed = asyncio.Condition()
         self.worker_versions: dict[int, int] = {}  # the version each worker's engine last said it holds
         self.epochs: dict[int, int] = {}  # per worker id: how many times a worker of that id was declared dead
+        self.expiring_wait: tuple[int, float] | None = None  # (step, since when) its batch waits for an expiring group
+        self.expiring_waits = {"batches": 0, "seconds": 0.0}  # batches that waited for one, and for how long in all
 
     async def admit(self, requested: int, worker_id: int = 0, worker_version: int | None = None, wait_s: float = 0.0) -> int:
         """How many of `requested` groups worker `worker_id` may start now; where none may, wait up to `wait_s` for
@@ -67,7 +71,7 @@ class ReplayBuffer:
                     await asyncio.wait_for(self.changed.wait(), remaining)
                 except asyncio.TimeoutError:
                     pass
-        self.deliveries.admitted(worker_id, n)
+        self.deliveries.admitted(worker_id, n, None if worker_version is None else self.worker_versions[worker_id])
         self.live += n
         self.outstanding += n
         self.counts["admitted_groups"] += n
@@ -115,7 +119,8 @@ class ReplayBuffer:
         async with self.changed:
             while True:
                 self._drop_stale(version)
-                if len(self.groups) >= n_groups:
+                hold = self._expiring_wait_left(n_groups, version, step) if len(self.groups) >= n_groups else 0.0
+                if len(self.groups) >= n_groups and not hold:
                     taken, rest = take_batch(self.groups, n_groups, self.cfg.buffer.oldest_first)
                     self.groups = deque(rest)
                     batch = self._consume(taken, version, step)
@@ -124,10 +129,23 @@ class ReplayBuffer:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return None
+                remaining = min(remaining, hold) if hold else remaining
                 try:
                     await asyncio.wait_for(self.changed.wait(), remaining)
                 except asyncio.TimeoutError:
                     pass
+
+    def _expiring_wait_left(self, n_groups: int, version: int, step: int) -> float:
+        """Seconds the batch of `step` goes on waiting for an expiring group still in flight (staleness.py): 0 when
+        it need not, or has waited buffer.expiring_wait_s already (over all calls for this step)."""
+        limit = self.cfg.buffer.expiring_wait_s
+        last_at_version = (step + 1) % self.cfg.learner.sync_every == 0
+        if limit <= 0 or not waits_for_expiring(self.deliveries.in_flight(), [oldest_start(g) for g in self.groups], version,
+                                                self.max_staleness, n_groups, last_at_version):
+            return 0.0
+        if self.expiring_wait is None or self.expiring_wait[0] != step:
+            self.expiring_wait = (step, time.monotonic())
+        return max(0.0, limit - (time.monotonic() - self.expiring_wait[1]))
 
     async def record_final(self, records: list[dict]) -> None:
         """Samples that end outside the buffer (aborted at shutdown), already carrying a status."""
@@ -153,7 +171,8 @@ class ReplayBuffer:
         await self._notify()
 
     async def stats(self) -> dict:
-        return {**self.counts, "buffered_groups": len(self.groups), "outstanding_groups": self.outstanding, "version": self.version}
+        return {**self.counts, "buffered_groups": len(self.groups), "outstanding_groups": self.outstanding, "version": self.version,
+                "expiring_wait_batches": self.expiring_waits["batches"], "expiring_wait_s": self.expiring_waits["seconds"]}
 
     async def close(self) -> dict:
         """Record what is still buffered as unconsumed and flush the store."""
@@ -208,6 +227,10 @@ class ReplayBuffer:
 
     def _consume(self, groups: list[list[dict]], version: int, step: int) -> list[dict]:
         now = time.time()
+        if self.expiring_wait is not None and self.expiring_wait[0] == step:
+            self.expiring_waits["batches"] += 1
+            self.expiring_waits["seconds"] += time.monotonic() - self.expiring_wait[1]
+            self.expiring_wait = None
         batch = [s for g in groups for s in g]
         for s in batch:
             s.update(status=Status.CONSUMED.value, consumed_version=version, consumed_step=step, t_consumed=now)

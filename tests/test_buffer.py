@@ -1,5 +1,6 @@
 """ReplayBuffer in-process: staleness drops, admission, exactly-one status per sample."""
 import asyncio
+import time
 
 from asyncrl.actors.buffer import ReplayBuffer
 from asyncrl.core.config import load_config
@@ -198,3 +199,57 @@ def test_a_stopped_workers_waiting_admission_answers_at_once(tmp_path):
         return await asyncio.wait_for(waiting, 1.0), asyncio.get_running_loop().time() - t0, buf.live
     answer, waited, live = run(scenario())
     assert answer == 0 and waited < 1.0 and live == 2  # nothing admitted; the wait (5 s) did not run out
+
+
+def rollout_group(worker: int, number: int, version: int, size: int = 2) -> list[dict]:
+    """A group as a rollout worker names it (its `number`-th admitted group), started at `version`."""
+    from asyncrl.core.messages import GroupId
+    gid = GroupId("r", worker, number)
+    return [new_sample(sample_id=gid.sample_id(i), group_id=str(gid), worker_id=worker, policy_version_start=version,
+                       reward=float(i), prompt_ids=[1], response_ids=[2], behavior_logprobs=[-1.0]) for i in range(size)]
+
+
+def test_the_last_batch_at_a_version_waits_for_a_long_group_instead_of_dropping_it(tmp_path):
+    """Bound 1: a group admitted at version 0 can be trained on at version 1 and not after. At version 1, with two
+    newer groups ready, the batch waits for it (up to buffer.expiring_wait_s) and takes it first when it comes; with
+    the wait off, the batch takes the newer groups and the long group is dropped as stale at version 2."""
+    async def scenario(wait_s: float) -> tuple[list[str], dict]:
+        buf = make(tmp_path / str(wait_s), "buffer.max_staleness=1", f"buffer.expiring_wait_s={wait_s}")
+        assert await buf.admit(1, 0, worker_version=0) == 1  # group 0: the long one
+        await buf.set_version(1)
+        await buf.loaded(0, 1)
+        assert await buf.admit(2, 0, worker_version=1) == 2
+        await buf.put(rollout_group(0, 1, 1))
+        await buf.put(rollout_group(0, 2, 1))
+        batch = asyncio.create_task(buf.get_batch(1, version=1, step=0, timeout_s=2.0))
+        await asyncio.sleep(0.2)
+        waited = not batch.done()
+        await buf.put(rollout_group(0, 0, 0))
+        first = await batch
+        second = await buf.get_batch(1, version=2, step=1, timeout_s=0.2)
+        return [first[0]["group_id"], second[0]["group_id"], str(waited)], await buf.close()
+    order, counts = run(scenario(10.0))
+    assert order == ["r-w0-g0", "r-w0-g1", "True"] and counts["dropped_stale"] == 0 and counts["unconsumed"] == 2
+    order, counts = run(scenario(0.0))
+    assert order == ["r-w0-g1", "r-w0-g2", "False"] and counts["dropped_stale"] == 2
+
+
+def test_a_batch_waits_for_an_expiring_group_only_so_long_and_not_for_a_dead_workers(tmp_path):
+    async def scenario():
+        buf = make(tmp_path, "buffer.max_staleness=1", "buffer.expiring_wait_s=0.3")
+        assert await buf.admit(1, 0, worker_version=0) == 1  # group 0: it never comes
+        await buf.set_version(1)
+        await buf.loaded(0, 1)
+        assert await buf.admit(2, 0, worker_version=1) == 2
+        await buf.put(rollout_group(0, 1, 1))
+        t0 = time.monotonic()
+        batch = await buf.get_batch(1, version=1, step=0, timeout_s=5.0)  # waits 0.3 s for group 0, then goes on
+        waited = time.monotonic() - t0
+        assert await buf.forfeit(0, "r", 2, "worker died") == 3  # groups 0 and 2 lost: recorded, none left in flight
+        await buf.put(rollout_group(1, 0, 1))
+        t0 = time.monotonic()
+        assert (await buf.get_batch(1, version=1, step=1, timeout_s=5.0))[0]["group_id"] == "r-w1-g0"
+        return batch, waited, time.monotonic() - t0, await buf.stats()
+    batch, waited, second, stats = run(scenario())
+    assert batch[0]["group_id"] == "r-w0-g1" and 0.3 <= waited < 2.0 and second < 0.2
+    assert stats["expiring_wait_batches"] == 1 and 0.3 <= stats["expiring_wait_s"] < 2.0 and stats["lost"] == 4

@@ -66,7 +66,8 @@ def test_config_bounds_are_checked_at_load():
 def test_a_removed_workers_counters_stay_in_the_run_totals_but_not_in_the_rates():
     live = WorkerStats(worker_id=0, groups_done=5, busy_s=10.0, idle_s=1.0, tokens=100, turns=3)
     gone = WorkerStats(worker_id=1, groups_done=4, busy_s=8.0, idle_s=0.0, tokens=80, turns=2, inflight_groups=0)
-    buffer = {"lost": 0, "buffered_groups": 0, "refused_admissions": 0, "dropped_stale": 0, "dropped_error": 0, "filtered": 0, "consumed": 0}
+    buffer = {"lost": 0, "buffered_groups": 0, "refused_admissions": 0, "dropped_stale": 0, "dropped_error": 0, "filtered": 0, "consumed": 0,
+              "expiring_wait_s": 0.0, "expiring_wait_batches": 0}
     metrics, seen = rollout_metrics([live], buffer, {}, 1.0, 0, 4, gone=[gone])
     assert metrics["samples/generated_total"] == (5 + 4) * 4 and metrics["rollout/busy_s_total"] == 18.0
     assert metrics["rollout/turns_total"] == 5 and metrics["rollout/tokens_per_s"] == 100.0

@@ -1,5 +1,5 @@
 """The staleness policy, with numbers worked out by hand."""
-from asyncrl.core.staleness import admissible, admission_capacity, is_stale, staleness
+from asyncrl.core.staleness import admissible, admission_capacity, expiring, is_stale, staleness, waits_for_expiring
 
 
 def test_staleness_and_bound():
@@ -31,3 +31,20 @@ def test_a_worker_whose_weights_are_too_old_is_not_admitted():
     assert admissible(3, version=2, max_staleness=0, worker_version=2, **free) == 3  # loaded: admitted
     assert admissible(3, version=2, max_staleness=1, worker_version=1, **free) == 3  # one behind is within the bound
     assert admissible(3, version=2, max_staleness=0, worker_version=None, **free) == 3  # version unknown: not judged
+
+
+def test_a_group_expires_at_the_last_version_that_may_train_on_it():
+    assert expiring(5, 2, max_staleness=3) and not expiring(5, 3, max_staleness=3)
+    assert not expiring(6, 2, max_staleness=3)  # already stale: nothing left to wait for
+    assert expiring(4, 4, max_staleness=0)  # synchronous: every group of the current version
+
+
+def test_the_last_batch_at_a_version_waits_for_an_expiring_group_in_flight():
+    # version 5, bound 2: a group admitted at version 3 can be trained on now and never again
+    last = dict(version=5, max_staleness=2, n_groups=2, last_at_version=True)
+    assert waits_for_expiring(in_flight=[3, 5], buffered=[4, 5, 5], **last)
+    assert not waits_for_expiring(in_flight=[4, 5], buffered=[4, 5, 5], **last)  # none in flight expires here
+    assert waits_for_expiring(in_flight=[3], buffered=[3], **last)  # one ready expiring group: the batch has room for the other
+    assert not waits_for_expiring(in_flight=[3], buffered=[3, 3], **last)  # the ready ones fill it: they go first
+    assert not waits_for_expiring(in_flight=[3], buffered=[4, 5], **{**last, "last_at_version": False})  # the version holds on
+    assert not waits_for_expiring(in_flight=[2], buffered=[4, 5], **last)  # past the bound already: waiting saves nothing

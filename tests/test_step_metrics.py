@@ -7,7 +7,8 @@ from asyncrl.analysis.runs import bottleneck
 from asyncrl.core.messages import RewardStats, WorkerStats
 from asyncrl.orchestration.step_metrics import engine_running, reward_metrics, rollout_metrics, sample_totals, timing_metrics
 
-BUFFER = {"lost": 0, "buffered_groups": 2, "refused_admissions": 1, "dropped_stale": 4, "dropped_error": 0, "filtered": 4, "consumed": 12}
+BUFFER = {"lost": 0, "buffered_groups": 2, "refused_admissions": 1, "dropped_stale": 4, "dropped_error": 0, "filtered": 4, "consumed": 12,
+          "expiring_wait_s": 3.5, "expiring_wait_batches": 1}
 
 
 def worker(i, tokens, busy, idle, groups=3):

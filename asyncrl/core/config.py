@@ -263,8 +263,16 @@ class BufferConfig(_Section):
     """A batch takes the buffered groups whose oldest sample started at the oldest version first (ties: arrival order), so a long group that arrives late is trained on before it goes stale; false: arrival order."""
     sample_timeout_s: float = Field(600.0, gt=0)
     """How long the learner waits for a batch before the run fails."""
+    expiring_wait_s: float = Field(120.0, ge=0)
+    """Longest the last batch at a version waits for a group still being generated that this version is the last allowed to train on (its staleness would pass max_staleness after the publish), instead of taking newer groups and leaving it to be dropped as stale: the groups that reach that point are the long ones, and dropping them trains on shorter responses than the policy writes. 0: never wait. Less than sample_timeout_s."""
     store_flush_s: float = Field(5.0, gt=0)
     """Write buffered trajectory records to a new Parquet part at least this often (and every 512 records): a killed run loses at most this much of its record."""
+
+    @model_validator(mode="after")
+    def _rules(self) -> BufferConfig:
+        _check(self.expiring_wait_s < self.sample_timeout_s, "buffer.expiring_wait_s",
+               f"must be less than buffer.sample_timeout_s ({self.sample_timeout_s:g}): a batch waiting that long for one group would fail the run")
+        return self
 
 
 class LoRAConfig(_Section):

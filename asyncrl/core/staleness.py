@@ -22,6 +22,13 @@ Definitions (PRIME-RL style, precise on purpose):
   (``oldest_start``): ``split_stale`` drops it entirely or keeps it, and
   ``take_batch`` (with ``buffer.oldest_first``) hands the oldest groups to the
   learner first.
+- A group is *expiring* at learner version V when its staleness is exactly
+  ``max_staleness``: V is the last version that may train on it. Where one is
+  still being generated when the last batch of V is asked for, the batch
+  waits for it (``waits_for_expiring``, up to `buffer.expiring_wait_s`)
+  rather than take newer groups and leave it to be dropped: the groups that
+  reach that point are the long ones, and dropping them trains the policy on
+  shorter responses than it writes.
 """
 from __future__ import annotations
 
@@ -70,6 +77,24 @@ def admissible(
 def oldest_start(group: list[dict]) -> int:
     """A group's start version: its oldest sample's (a group is judged whole, by it)."""
     return min(s["policy_version_start"] for s in group)
+
+
+def expiring(learner_version: int, policy_version_start: int, max_staleness: int) -> bool:
+    """`learner_version` is the last version that may train on a sample (or group) started at `policy_version_start`."""
+    return staleness(learner_version, policy_version_start) == max_staleness
+
+
+def waits_for_expiring(in_flight: Iterable[int], buffered: Iterable[int], version: int, max_staleness: int, n_groups: int,
+                       last_at_version: bool) -> bool:
+    """Whether a batch of `n_groups` at learner `version` should wait for groups still in flight.
+
+    `in_flight`: the start versions of the groups being generated (the version each one's worker held when it was
+    admitted: a lower bound); `buffered`: those of the fresh groups ready. It waits where this is the last batch at
+    `version` (`last_at_version`: the learner publishes after it), an in-flight group is expiring, and the ready
+    expiring groups (which an oldest-first batch takes first) do not fill the batch on their own."""
+    if not last_at_version or not any(expiring(version, s, max_staleness) for s in in_flight):
+        return False
+    return sum(expiring(version, s, max_staleness) for s in buffered) < n_groups
 
 
 def split_stale(groups: Iterable[list[dict]], version: int, max_staleness: int) -> tuple[list[list[dict]], list[tuple[list[dict], str]]]:

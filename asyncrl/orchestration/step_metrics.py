@@ -42,6 +42,7 @@ def rollout_metrics(stats: list[WorkerStats], buffer: dict, seen: dict[int, dict
         "buffer/buffered_groups": buffer["buffered_groups"], "buffer/refused_admissions": buffer["refused_admissions"],
         "buffer/dropped_stale": buffer["dropped_stale"], "buffer/dropped_error": buffer["dropped_error"],
         "buffer/filtered": buffer["filtered"],
+        "buffer/expiring_wait_s_total": buffer["expiring_wait_s"], "buffer/expiring_wait_batches": buffer["expiring_wait_batches"],
         "samples/filtered_frac": buffer["filtered"] / max(buffer["filtered"] + buffer["consumed"], 1),
     }
     return metrics, {**seen, **now_seen}
