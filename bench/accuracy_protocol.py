@@ -34,7 +34,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from results_io import provenance, publish  # bench/ is on sys.path when a benchmark runs as a script
+from results_io import provenance, publish, shown  # bench/ is on sys.path when a benchmark runs as a script
 from vs_trl import SIDE_NAMES, machine, machine_kind
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -143,11 +143,6 @@ def vs_trl_commands(args: list[str], sides: tuple[str, ...]) -> tuple[list[list[
     if set(SIDES) <= set(sides) | ledgered(LEDGER / f"{stem}_{tag}"):
         cmds.append(base)
     return cmds, record(f"vs_trl_{stem}_{tag}")
-
-
-def shown(path: Path) -> str:
-    """A path as the records' commands show it: from the repository's root (vs_trl runs there), not this machine's."""
-    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
 
 
 def ledgered(ledger: Path) -> set[str]:

@@ -80,7 +80,7 @@ def main() -> None:
     import torch
 
     from asyncrl.core.util import cpu_has_native_bf16
-    from results_io import provenance, publish
+    from results_io import provenance, publish, shown
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--config", type=Path, default=ROOT / "configs" / "smollm2_word_problems.yaml")
@@ -98,7 +98,7 @@ def main() -> None:
         "cpu_flags": sorted(f for f in flags if f.startswith(("avx", "amx"))), "native_bf16": cpu_has_native_bf16(), "torch": torch.__version__,
         "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(), "load_1m": open("/proc/loadavg").read().split()[0],
         "matmul_gflops": {d: matmul_gflops(getattr(torch, d)) for d in ("float32", "bfloat16")},
-        "config": str(args.config.relative_to(ROOT)), "batch": [args.batch, args.prompt, args.response],
+        "config": shown(args.config), "batch": [args.batch, args.prompt, args.response],
         "learner_step_s": {d: learner_step_s(args.config, d, args.steps, args.batch, args.prompt, args.response) for d in ("float32", "bfloat16")},
     }
     mm, st = result["matmul_gflops"], result["learner_step_s"]

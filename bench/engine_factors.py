@@ -27,7 +27,7 @@ import time
 from collections import deque
 from pathlib import Path
 
-from results_io import provenance, publish  # bench/ is on sys.path when a benchmark runs as a script
+from results_io import provenance, publish, shown  # bench/ is on sys.path when a benchmark runs as a script
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -175,7 +175,7 @@ def measure(args, cfg) -> dict:
                   f"{run['running_mean']:.1f} in the engine, {run['reloads']} reloads"
                   + ("" if run["finished"] else f", stopped at {args.row_limit:g} s with {run['samples_done']}/{run['samples']} samples done"),
                   flush=True)
-    return {"config": str(args.config.relative_to(ROOT) if args.config.is_absolute() else args.config), "model": cfg.model.path,
+    return {"config": shown(args.config), "model": cfg.model.path,
             "groups": args.groups, "group_size": r.group_size, "max_inflight_groups": r.max_inflight_groups,
             "max_new_tokens": r.max_new_tokens, "repeats": args.repeats, "reload_every_s": args.reload_every, "row_limit_s": args.row_limit,
             "reload_tensors": len(weights), "reload_bytes": sum(t.numel() * t.element_size() for _, t in weights),

@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from results_io import provenance, publish  # bench/ is on sys.path when a benchmark runs as a script
+from results_io import provenance, publish, shown  # bench/ is on sys.path when a benchmark runs as a script
 
 ROOT = Path(__file__).resolve().parents[1]
 # (torch threads, mini-batches, algorithm.correction or None for the config's); the batch is mini_batches x the config's.
@@ -87,7 +87,7 @@ def main() -> None:
                       "step_s": out["step_s"], "per_sample_s": statistics.median(measured) / out["batch"]})
         print(f"learner_phases: {threads} threads, {minis} mini-batches, correction {correction or 'as configured'}: "
               f"{cases[-1]['per_sample_s']:.3f} s a sample", flush=True)
-    data = {"config": str(args.config.relative_to(ROOT) if args.config.is_absolute() else args.config), "prompt": args.prompt,
+    data = {"config": shown(args.config), "prompt": args.prompt,
             "response": args.response, "steps": args.steps, "cases": cases}
     name = "learner_phases" if args.config.stem == "default" else f"learner_phases_{args.config.stem}"
     publish(args.out, name, "learner_phases", data, sys.argv[1:], start)

@@ -31,7 +31,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from results_io import QUIET, lengths_text, provenance, publish, run_asyncrl  # bench/ is on sys.path when a benchmark runs as a script
+from results_io import QUIET, lengths_text, provenance, publish, run_asyncrl, shown  # bench/ is on sys.path when a benchmark runs as a script
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -125,8 +125,8 @@ def main() -> None:
                       f"({runs[mode]['samples']:.0f} trained, {runs[mode]['generated']} generated)", flush=True)
             seeds.append({"seed": seed, "first": "async" if k % 2 == 0 else "sync", **compare(runs["async"], runs["sync"]),
                           "runs": {m: {k2: v for k2, v in r.items() if k2 != "config"} for m, r in runs.items()}})
-    data = {"config": str(args.config.relative_to(ROOT) if args.config.is_absolute() else args.config),
-            "baseline": str(baseline.relative_to(ROOT) if baseline.is_absolute() else baseline), "samples": args.samples,
+    data = {"config": shown(args.config),
+            "baseline": shown(baseline), "samples": args.samples,
             "async_batch": runs["async"]["config"]["learner"]["batch_size"], "sync_batch": runs["sync"]["config"]["learner"]["batch_size"],
             "sync_mini_batches": runs["sync"]["config"]["learner"]["mini_batches"], "seeds": seeds}
     default = args.config.resolve() == (ROOT / "configs" / "default.yaml").resolve()

@@ -23,6 +23,13 @@ CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "avx512_v
 PACKAGES = ("torch", "vllm", "transformers", "ray", "trl", "sglang", "datasets", "peft")
 
 
+def shown(path: Path) -> str:
+    """A path as records show it: from the repository's root (benchmarks run there), not this machine's; a relative
+    path as given, one outside the repository in full."""
+    path = Path(path)
+    return str(path.relative_to(ROOT)) if path.is_absolute() and path.is_relative_to(ROOT) else str(path)
+
+
 def _safe(f, default=None):
     try:
         return f()

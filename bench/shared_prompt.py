@@ -19,7 +19,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from results_io import check_plausible, provenance, publish  # bench/ is on sys.path when a benchmark runs as a script
+from results_io import check_plausible, provenance, publish, shown  # bench/ is on sys.path when a benchmark runs as a script
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -85,7 +85,7 @@ def main() -> None:
     median = {case: statistics.median(times) for case, times in runs.items()}
     bound = position_bound(cfg.learner.batch_size, cfg.rollout.group_size, cfg.learner.micro_batch_size, args.prompt, args.response)
     check_plausible("shared_prompt speedup", median["off"] / median["on"], bound * 1.05, "the ratio of positions computed")
-    data = {"config": str(args.config.relative_to(ROOT) if args.config.is_absolute() else args.config), "prompt": args.prompt,
+    data = {"config": shown(args.config), "prompt": args.prompt,
             "response": args.response, "steps": args.steps, "repeats": args.repeats, "batch": cfg.learner.batch_size,
             "group_size": cfg.rollout.group_size, "micro_batch": cfg.learner.micro_batch_size, "runs_s": runs, "median_s": median,
             "bound": bound}
