@@ -29,6 +29,30 @@ from asyncrl.core.staleness import admissible, oldest_start, split_stale, take_b
 from asyncrl.core.store import TrajectoryStore
 
 
+class ExpiringWaits:
+    """How long each batch has waited for an expiring group (up to `limit_s`, over all its calls), and the totals."""
+
+    def __init__(self, limit_s: float) -> None:
+        self.limit_s = limit_s
+        self.current: tuple[int, float] | None = None  # (step, since when) its batch has waited
+        self.batches, self.seconds = 0, 0.0
+
+    def left(self, step: int, waits: bool) -> float:
+        """Seconds the batch of `step` goes on waiting where it `waits`: 0 when it need not, or its time is up."""
+        if self.limit_s <= 0 or not waits:
+            return 0.0
+        if self.current is None or self.current[0] != step:
+            self.current = (step, time.monotonic())
+        return max(0.0, self.limit_s - (time.monotonic() - self.current[1]))
+
+    def taken(self, step: int) -> None:
+        """The batch of `step` was taken: count its wait, if it waited."""
+        if self.current is not None and self.current[0] == step:
+            self.batches += 1
+            self.seconds += time.monotonic() - self.current[1]
+            self.current = None
+
+
 class ReplayBuffer:
     def __init__(self, cfg: Config, store_dir: str) -> None:
         self.cfg = cfg
@@ -46,8 +70,7 @@ class ReplayBuffer:
         self.changed = asyncio.Condition()
         self.worker_versions: dict[int, int] = {}  # the version each worker's engine last said it holds
         self.epochs: dict[int, int] = {}  # per worker id: how many times a worker of that id was declared dead
-        self.expiring_wait: tuple[int, float] | None = None  # (step, since when) its batch waits for an expiring group
-        self.expiring_waits = {"batches": 0, "seconds": 0.0}  # batches that waited for one, and for how long in all
+        self.expiring = ExpiringWaits(cfg.buffer.expiring_wait_s)
 
     async def admit(self, requested: int, worker_id: int = 0, worker_version: int | None = None, wait_s: float = 0.0) -> int:
         """How many of `requested` groups worker `worker_id` may start now; where none may, wait up to `wait_s` for
@@ -136,16 +159,11 @@ class ReplayBuffer:
                     pass
 
     def _expiring_wait_left(self, n_groups: int, version: int, step: int) -> float:
-        """Seconds the batch of `step` goes on waiting for an expiring group still in flight (staleness.py): 0 when
-        it need not, or has waited buffer.expiring_wait_s already (over all calls for this step)."""
-        limit = self.cfg.buffer.expiring_wait_s
+        """Seconds the batch of `step` goes on waiting for an expiring group still in flight (staleness.py)."""
         last_at_version = (step + 1) % self.cfg.learner.sync_every == 0
-        if limit <= 0 or not waits_for_expiring(self.deliveries.in_flight(), [oldest_start(g) for g in self.groups], version,
-                                                self.max_staleness, n_groups, last_at_version):
-            return 0.0
-        if self.expiring_wait is None or self.expiring_wait[0] != step:
-            self.expiring_wait = (step, time.monotonic())
-        return max(0.0, limit - (time.monotonic() - self.expiring_wait[1]))
+        waits = waits_for_expiring(self.deliveries.in_flight(), [oldest_start(g) for g in self.groups], version,
+                                   self.max_staleness, n_groups, last_at_version)
+        return self.expiring.left(step, waits)
 
     async def record_final(self, records: list[dict]) -> None:
         """Samples that end outside the buffer (aborted at shutdown), already carrying a status."""
@@ -172,7 +190,7 @@ class ReplayBuffer:
 
     async def stats(self) -> dict:
         return {**self.counts, "buffered_groups": len(self.groups), "outstanding_groups": self.outstanding, "version": self.version,
-                "expiring_wait_batches": self.expiring_waits["batches"], "expiring_wait_s": self.expiring_waits["seconds"]}
+                "expiring_wait_batches": self.expiring.batches, "expiring_wait_s": self.expiring.seconds}
 
     async def close(self) -> dict:
         """Record what is still buffered as unconsumed and flush the store."""
@@ -227,10 +245,7 @@ class ReplayBuffer:
 
     def _consume(self, groups: list[list[dict]], version: int, step: int) -> list[dict]:
         now = time.time()
-        if self.expiring_wait is not None and self.expiring_wait[0] == step:
-            self.expiring_waits["batches"] += 1
-            self.expiring_waits["seconds"] += time.monotonic() - self.expiring_wait[1]
-            self.expiring_wait = None
+        self.expiring.taken(step)
         batch = [s for g in groups for s in g]
         for s in batch:
             s.update(status=Status.CONSUMED.value, consumed_version=version, consumed_step=step, t_consumed=now)
