@@ -8,8 +8,10 @@ against the ones trained on, and the drop rate. Variants:
 
 - fifo: engines first come, first served; batches in arrival order (rollout.oldest_first=false, buffer.oldest_first=false)
 - oldest_first: engines schedule by the version of a request's oldest token; batches take the oldest groups first
+- wait: oldest_first, and the last batch at a version waits for a group in flight that it is the last allowed to
+  train on (`buffer.expiring_wait_s`, the default); the first two variants never wait, as before it existed
 
-    .venv/bin/python bench/length_bias.py                 # 2 x (10 min of training + ~1.5 min start-up) on 2 cores
+    .venv/bin/python bench/length_bias.py                 # 3 x (10 min of training + ~1.5 min start-up) on 2 cores
     .venv/bin/python bench/length_bias.py --minutes 5 --variants fifo
 
 Writes bench/results/length_bias.{md,json} (`--name` changes the stem).
@@ -29,8 +31,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 VARIANTS = {
-    "fifo": ["rollout.oldest_first=false", "buffer.oldest_first=false"],
-    "oldest_first": ["rollout.oldest_first=true", "buffer.oldest_first=true"],
+    "fifo": ["rollout.oldest_first=false", "buffer.oldest_first=false", "buffer.expiring_wait_s=0"],
+    "oldest_first": ["rollout.oldest_first=true", "buffer.oldest_first=true", "buffer.expiring_wait_s=0"],
+    "wait": ["rollout.oldest_first=true", "buffer.oldest_first=true", "buffer.expiring_wait_s=120"],
 }
 
 
