@@ -184,3 +184,9 @@ def test_a_changed_config_is_checked_again_by_cross_checks():
 def test_a_run_config_yaml_reads_back_as_the_same_config():
     cfg = load_config(ROOT / "configs/smoke.yaml")
     assert config_from_dict(cfg.to_dict()) == cfg
+
+
+def test_the_expiring_group_wait_must_end_before_the_batch_timeout():
+    with pytest.raises(ConfigError, match="buffer.expiring_wait_s.*less than buffer.sample_timeout_s"):
+        load_config(None, ["buffer.expiring_wait_s=600", "buffer.sample_timeout_s=600"])
+    assert load_config(None, ["buffer.expiring_wait_s=0"]).buffer.expiring_wait_s == 0
