@@ -6,8 +6,9 @@
 Each input is the record of one `bench/vs_trl.py ... --tag T` run (one seed, every side of it back to back). The
 records must share their threshold, split, config and sides: the figures of one protocol step, fixed before the
 runs. Per side: the seconds to the threshold of each seed (a seed that never reached it counts as slower than any
-that did), trained samples per second; per TRL side: asyncrl's speedup in each seed where both reached it. Medians
-with the range over seeds. Writes bench/results/vs_trl_seeds_<name>.{json,md}.
+that did), trained samples per second, the accuracy at the last snapshot and its gain over the untrained model
+(what a side learned from the same number of samples, whether or not it reached the threshold); per TRL side:
+asyncrl's speedup in each seed where both reached it. Medians with the range over seeds. Writes bench/results/vs_trl_seeds_<name>.{json,md}.
 """
 from __future__ import annotations
 
@@ -26,6 +27,14 @@ SIDES = {"asyncrl": "asyncrl", **SIDE_NAMES}  # every side's key in a vs_trl rec
 SAME = ("threshold", "split", "config", "trl_config", "sync_config")
 
 
+def final_and_gain(points: list[dict]) -> dict:
+    """A side's accuracy at its last snapshot and that minus its untrained (step 0) accuracy."""
+    by_step = sorted(points, key=lambda p: p["step"])
+    if by_step[0]["step"] != 0:
+        raise ValueError("a side's points lack the untrained model's (step 0) accuracy")
+    return {"final_accuracy": by_step[-1]["accuracy"], "gain": by_step[-1]["accuracy"] - by_step[0]["accuracy"]}
+
+
 def summarize(results: list[dict]) -> dict:
     """One protocol step's seeds (vs_trl results), checked alike: per side the per-seed figures."""
     if not results:
@@ -41,7 +50,7 @@ def summarize(results: list[dict]) -> dict:
     for side in sides:
         per_side[side] = [{"overrides": r.get("overrides", []),
                            "time_s": (r[side]["time_to_threshold"] or {}).get("train_s"),
-                           "samples_per_s": r[side]["samples_per_s"]} for r in results]
+                           "samples_per_s": r[side]["samples_per_s"], **final_and_gain(r[side]["points"])} for r in results]
     # a seed whose untrained model already met the threshold (every side shares its step 0) times nothing
     at_start = [i for i, r in enumerate(results) if (r["asyncrl"]["time_to_threshold"] or {}).get("step") == 0]
     speedups = {side: [None if i in at_start or not a["time_s"] or t["time_s"] is None else t["time_s"] / a["time_s"]
@@ -67,6 +76,10 @@ def render(data: dict) -> str:
     rows = data["sides"].values()
     lines.append("| seconds to the threshold | " + " | ".join(median_range([s["time_s"] for s in side], ".0f") for side in rows) + " |")
     lines.append("| trained samples/s | " + " | ".join(median_range([s["samples_per_s"] for s in side], ".2f") for side in rows) + " |")
+    lines.append(f"| {data['split']} accuracy at the last snapshot | "
+                 + " | ".join(median_range([s["final_accuracy"] for s in side], ".3f") for side in rows) + " |")
+    lines.append("| its gain over the model before training | "
+                 + " | ".join(median_range([s["gain"] for s in side], "+.3f") for side in rows) + " |")
     for side, values in data["speedup_over"].items():
         reached = [v for v in values if v is not None]
         cell = median_range(reached, ".2f") if reached else "–"

@@ -11,7 +11,8 @@ import vs_trl_seeds  # noqa: E402
 
 
 def result(seed: int, asyncrl_s: float | None, trl_s: float | None, threshold: float = 0.4) -> dict:
-    side = lambda s, rate: {"time_to_threshold": None if s is None else {"train_s": s, "step": 10}, "samples_per_s": rate}  # noqa: E731
+    side = lambda s, rate: {"time_to_threshold": None if s is None else {"train_s": s, "step": 10}, "samples_per_s": rate,  # noqa: E731
+                            "points": [{"step": 0, "accuracy": 0.3}, {"step": 10, "accuracy": 0.3 + rate / 10}]}
     return {"threshold": threshold, "split": "test", "config": "configs/x.yaml", "trl_config": "configs/x_sync.yaml",
             "overrides": [f"run.seed={seed}"], "asyncrl": side(asyncrl_s, 0.9), "trl_vllm": side(trl_s, 0.5)}
 
@@ -38,7 +39,8 @@ def test_the_synchronous_side_has_its_column_and_speedup():
     runs = []
     for seed, (a, s) in enumerate([(100, 150), (120, 130), (90, 200)]):
         r = result(seed, a, 300)
-        r.update(sync_config="configs/x_sync.yaml", sync={"time_to_threshold": {"train_s": s, "step": 8}, "samples_per_s": 0.7})
+        r.update(sync_config="configs/x_sync.yaml", sync={"time_to_threshold": {"train_s": s, "step": 8}, "samples_per_s": 0.7,
+                                                          "points": [{"step": 0, "accuracy": 0.3}, {"step": 8, "accuracy": 0.29}]})
         runs.append(r)
     text = vs_trl_seeds.render(vs_trl_seeds.summarize(runs))
     assert "| | asyncrl | asyncrl, synchronous | TRL + vLLM colocate |" in text
@@ -61,3 +63,18 @@ def test_a_seed_whose_untrained_model_is_already_at_the_threshold_times_nothing(
     text = vs_trl_seeds.render(data)
     assert "reached it after training (2 of 3): **2.22 (2.22–3.00)**" in text
     assert "In 1 of 3 seeds the untrained model was already at the threshold" in text
+
+
+def test_final_accuracy_and_its_gain_over_the_untrained_model_per_side():
+    """What each side learned from its samples is reported whether or not it reached the threshold."""
+    runs = [result(seed, 100, None) for seed in range(3)]
+    runs[1]["trl_vllm"]["points"] = [{"step": 10, "accuracy": 0.5}, {"step": 0, "accuracy": 0.32}]  # any order
+    data = vs_trl_seeds.summarize(runs)
+    assert [s["final_accuracy"] for s in data["sides"]["trl_vllm"]] == pytest.approx([0.35, 0.5, 0.35])
+    assert [s["gain"] for s in data["sides"]["trl_vllm"]] == pytest.approx([0.05, 0.18, 0.05])
+    text = vs_trl_seeds.render(data)
+    assert "| test accuracy at the last snapshot | 0.390 (0.390–0.390) | 0.350 (0.350–0.500) |" in text
+    assert "| its gain over the model before training | +0.090 (+0.090–+0.090) | +0.050 (+0.050–+0.180) |" in text
+    runs[2]["asyncrl"]["points"] = [{"step": 10, "accuracy": 0.4}]
+    with pytest.raises(ValueError, match="step 0"):
+        vs_trl_seeds.summarize(runs)
