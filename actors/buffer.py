@@ -160,11 +160,9 @@ class ReplayBuffer:
 
     def _expiring_wait_left(self, n_groups: int, version: int, step: int) -> float:
         """Seconds the batch of `step` goes on waiting for an expiring group still in flight (staleness.py)."""
-        if self.cfg.buffer.expiring_wait_s <= 0:  # the wait is off: nothing to look at
-            return 0.0
-        last_at_version = (step + 1) % self.cfg.learner.sync_every == 0
-        waits = waits_for_expiring(self.deliveries.in_flight(), [oldest_start(g) for g in self.groups], version,
-                                   self.max_staleness, n_groups, last_at_version)
+        waits = self.expiring.limit_s > 0 and waits_for_expiring(  # the wait off (0 s): nothing to look at
+            self.deliveries.in_flight(), [oldest_start(g) for g in self.groups], version, self.max_staleness, n_groups,
+            (step + 1) % self.cfg.learner.sync_every == 0)  # the last batch at this version
         return self.expiring.left(step, waits)
 
     async def record_final(self, records: list[dict]) -> None:
