@@ -4,7 +4,9 @@ which of its settings makes it grow?
 Seen in the time-to-accuracy protocol's runs (docs/benchmarks.md): on the same prompt stream, seed and learning
 rate, the asynchronous side's answers grew (test seed 1: 48 -> 87 tokens, a third of them cut at
 `rollout.max_new_tokens`) while the synchronous side's shrank (46 -> 24); at 1e-3 the asynchronous dev run grew
-until every answer was cut and no token carried loss. Each variant here trains the same number of samples on the
+until every answer was cut and no token carried loss. But the same seed-1 run made again (the `recipe` variant,
+2026-12-07) shrank its answers to 17 tokens: one run per variant says little, repeat them (`--seed`, or the same
+seed again) before reading a difference between variants. Each variant here trains the same number of samples on the
 same stream and reads its trajectory store, nothing evaluated (no held-out problem is scored):
 
 - recipe: configs/smollm2_word_problems.yaml as the protocol runs it (`buffer.max_staleness=3`)
@@ -22,7 +24,7 @@ answers are left out where `mask_truncated` leaves them no loss.
     .venv/bin/python bench/length_drift.py                      # 5 x (about 12 min of training + 1 min start-up)
     .venv/bin/python bench/length_drift.py --variants recipe sync --seed 1
 
-Writes bench/results/length_drift.{md,json} (`--name` changes the stem); each variant's figures are printed as it ends.
+Writes bench/results/length_drift.{md,json} (`--name` changes the stem) again as each variant ends.
 """
 from __future__ import annotations
 
@@ -150,11 +152,11 @@ def main() -> None:
     results = []
     with tempfile.TemporaryDirectory(prefix="length-drift-") as tmp:
         work = args.keep or Path(tmp)
-        for variant in args.variants:
+        for variant in args.variants:  # the record is written again as each variant ends: a stopped run keeps its variants
             results.append(run_variant(work / variant, variant, args))
             print(f"{variant}: {json.dumps(results[-1])}", flush=True)
-    data = {"args": {k: str(v) for k, v in vars(args).items()}, "results": results, "argv": sys.argv[1:]}
-    publish(args.out, args.name, "length_drift", data, sys.argv[1:], start)
+            data = {"args": {k: str(v) for k, v in vars(args).items()}, "results": results, "argv": sys.argv[1:]}
+            publish(args.out, args.name, "length_drift", data, sys.argv[1:], start)
 
 
 if __name__ == "__main__":
