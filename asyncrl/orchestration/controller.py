@@ -34,6 +34,7 @@ from asyncrl.core.models.cache import ModelSource
 from asyncrl.core.reward_files import check_reward_file
 from asyncrl.core.rewards import make_reward
 from asyncrl.core.tasks import make_task
+from asyncrl.orchestration.alerts import Alerts
 from asyncrl.orchestration.checkpointing import Checkpoints
 from asyncrl.orchestration.cluster import check_reachable, connect_ray, requested_address
 from asyncrl.orchestration.elastic import RunCommands
@@ -60,7 +61,7 @@ class Controller:
         self.commands = RunCommands(cfg, run_dir, self.run_id, self.fleet.elastic)  # asyncrl scale / stop, rollout.autoscale
         self.validation = Validation(cfg)
         self.checkpoints = Checkpoints(cfg, run_dir, self.buffer, self.fleet.learner_pool, self.fleet.rollout)
-        self.non_finite_streak = 0
+        self.non_finite_streak, self.alerts = 0, Alerts(cfg)
         self.final = False  # the step being run is the last (run.steps reached, or run.max_train_minutes spent)
         self.train_t0 = time.monotonic()
         self.start_step = 0
@@ -148,9 +149,8 @@ class Controller:
         sync = {"seconds": 0.0, "bytes": 0, "settle_s": 0.0, "send_s": 0.0, "load_s": 0.0}
         if (step + 1) % self.cfg.learner.sync_every == 0 or self.final:
             sync = self.sync_weights()
-        if metrics.get("alert/kl"):
-            action = "rolled back to the last good weights" if metrics.get("alert/rolled_back") else self.cfg.algorithm.kl_action
-            print(f"asyncrl: ALERT step {step}: kl/ref {metrics['kl/ref']:.4f} > {self.cfg.algorithm.kl_alert} ({action})", flush=True)
+        for line in self.alerts.check(step, metrics, batch):  # a KL alert; every answer cut and masked, batch after batch
+            print(line, flush=True)
         step_s = time.perf_counter() - t0
         compute_s = metrics["time/train_end"] - metrics["time/train_start"]
         self.meter.trained(len(batch), compute_s * len(self.learners))
