@@ -35,7 +35,7 @@ import sys
 from pathlib import Path
 
 from results_io import provenance, publish, shown  # bench/ is on sys.path when a benchmark runs as a script
-from vs_trl import SIDE_NAMES, machine, machine_kind
+from vs_trl import SIDE_NAMES, final_accuracy, machine, machine_kind
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "bench"
@@ -45,11 +45,6 @@ SIDES = ("asyncrl", "sync", "trl_vllm")  # vs_trl.py's keys of the three sides
 
 
 # ----------------------------------------------------------------------------- pure logic (tested)
-def final_accuracy(side: dict) -> float:
-    """A side's accuracy at its last snapshot."""
-    return max(side["points"], key=lambda p: p["step"])["accuracy"]
-
-
 def best_accuracy(side: dict) -> float:
     """The highest accuracy any of a side's snapshots reached."""
     return max(p["accuracy"] for p in side["points"])

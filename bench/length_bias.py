@@ -43,13 +43,13 @@ def lengths(rows: list[dict], status: str) -> tuple[int, float]:
     return len(chosen), (sum(chosen) / len(chosen) if chosen else float("nan"))
 
 
-def run_job(config: str, overrides: list[str], timeout_s: float) -> tuple[list[dict], dict]:
-    """One `asyncrl.run` of `config` with `overrides` (run.output_dir among them), no evaluation, no checkpoints, no
+def run_job(config: str, out: Path, overrides: list[str], timeout_s: float) -> tuple[list[dict], dict]:
+    """One `asyncrl.run` of `config` with `overrides` in run directory `out`, no evaluation, no checkpoints, no
     wandb: its trajectory records and summary.json."""
     from asyncrl.core.store import read_trajectories
 
-    overrides = ["run.eval=false", "run.checkpoint_every=0", "logging.wandb=false", "logging.console=false", *overrides]
-    out = Path(next(o.split("=", 1)[1] for o in overrides if o.startswith("run.output_dir=")))
+    overrides = [f"run.output_dir={out}", "run.eval=false", "run.checkpoint_every=0", "logging.wandb=false",
+                 "logging.console=false", *overrides]
     cmd = [sys.executable, "-m", "asyncrl.run", "--config", config, *overrides]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s)
     if proc.returncode != 0:
@@ -58,9 +58,9 @@ def run_job(config: str, overrides: list[str], timeout_s: float) -> tuple[list[d
 
 
 def run_one(out: Path, variant: str, args: argparse.Namespace) -> dict:
-    overrides = [f"run.output_dir={out}", f"buffer.max_staleness={args.staleness}", f"run.max_train_minutes={args.minutes}",
-                 f"run.seed={args.seed}", *VARIANTS[variant]]
-    rows, summary = run_job(args.config, overrides, args.minutes * 60 + 1200)
+    overrides = [f"buffer.max_staleness={args.staleness}", f"run.max_train_minutes={args.minutes}", f"run.seed={args.seed}",
+                 *VARIANTS[variant]]
+    rows, summary = run_job(args.config, out, overrides, args.minutes * 60 + 1200)
     trained_n, trained_len = lengths(rows, "consumed")
     dropped_n, dropped_len = lengths(rows, "dropped_stale")
     return {

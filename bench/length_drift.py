@@ -54,7 +54,9 @@ BINS = 8
 
 # ----------------------------------------------------------------------------- pure logic (tested)
 def standardised(rewards: list[float]) -> list[float]:
-    """Group-relative advantages as GRPO takes them: (r - mean) / (population std + 1e-6); all 0 if every reward is equal."""
+    """Group-standardised rewards: (r - mean) / (population std + 1e-6); all 0 if every reward is equal. The learner's
+    GRPO advantages (algorithms.base.group_relative_advantages) divide by the sample std instead: for a fixed group
+    size the two differ by one constant factor, which leaves the length push's sign and ranking as they are."""
     mean, std = statistics.fmean(rewards), statistics.pstdev(rewards)
     return [0.0] * len(rewards) if std == 0 else [(r - mean) / (std + 1e-6) for r in rewards]
 
@@ -113,12 +115,12 @@ def run_variant(out: Path, variant: str, args: argparse.Namespace) -> dict:
     from asyncrl.core.config import load_config
 
     config, extra = VARIANTS[variant]
-    overrides = [f"run.output_dir={out}", f"run.seed={args.seed}", f"learner.lr={args.lr}", "run.max_train_minutes=0",
+    overrides = [f"run.seed={args.seed}", f"learner.lr={args.lr}", "run.max_train_minutes=0",
                  "task.dev_size=200", "model.dtype=float32", "algorithm.kl_ref_every=0", *extra]
     cfg = load_config(ROOT / config, overrides)
     if args.samples % cfg.learner.batch_size:
         raise SystemExit(f"length_drift: --samples {args.samples} is not whole batches of {cfg.learner.batch_size} ({variant})")
-    rows, summary = run_job(config, [*overrides, f"run.steps={args.samples // cfg.learner.batch_size}"], 3 * 3600)
+    rows, summary = run_job(config, out, [*overrides, f"run.steps={args.samples // cfg.learner.batch_size}"], 3 * 3600)
     return {"variant": variant, "config": config, "overrides": extra, "max_staleness": cfg.buffer.max_staleness,
             "steps": summary["steps"], "wall_s": summary["wall_s"], **summarize(rows, cfg.algorithm.mask_truncated)}
 

@@ -172,6 +172,11 @@ def time_to_threshold(points: list[dict], threshold: float) -> dict | None:
     return None
 
 
+def final_accuracy(side: dict) -> float:
+    """A side's accuracy at its last snapshot."""
+    return max(side["points"], key=lambda p: p["step"])["accuracy"]
+
+
 def samples_per_s(points: list[dict]) -> float:
     """Trained samples per training second over the whole run (its last point)."""
     last = max(points, key=lambda p: p["step"])

@@ -20,19 +20,20 @@ import sys
 from pathlib import Path
 
 from results_io import provenance, publish  # bench/ is on sys.path when a benchmark runs as a script
-from vs_trl import SIDE_NAMES  # its module level is constants and pure functions: nothing heavy is imported
+from vs_trl import SIDE_NAMES, final_accuracy  # its module level is constants and pure functions: nothing heavy is imported
 
 ROOT = Path(__file__).resolve().parents[1]
 SIDES = {"asyncrl": "asyncrl", **SIDE_NAMES}  # every side's key in a vs_trl record -> its column
 SAME = ("threshold", "split", "config", "trl_config", "sync_config")
 
 
-def final_and_gain(points: list[dict]) -> dict:
+def final_and_gain(side: dict) -> dict:
     """A side's accuracy at its last snapshot and that minus its untrained (step 0) accuracy."""
-    by_step = sorted(points, key=lambda p: p["step"])
-    if by_step[0]["step"] != 0:
+    start = [p["accuracy"] for p in side["points"] if p["step"] == 0]
+    if not start:
         raise ValueError("a side's points lack the untrained model's (step 0) accuracy")
-    return {"final_accuracy": by_step[-1]["accuracy"], "gain": by_step[-1]["accuracy"] - by_step[0]["accuracy"]}
+    final = final_accuracy(side)
+    return {"final_accuracy": final, "gain": final - start[0]}
 
 
 def summarize(results: list[dict]) -> dict:
@@ -50,7 +51,7 @@ def summarize(results: list[dict]) -> dict:
     for side in sides:
         per_side[side] = [{"overrides": r.get("overrides", []),
                            "time_s": (r[side]["time_to_threshold"] or {}).get("train_s"),
-                           "samples_per_s": r[side]["samples_per_s"], **final_and_gain(r[side]["points"])} for r in results]
+                           "samples_per_s": r[side]["samples_per_s"], **final_and_gain(r[side])} for r in results]
     # a seed whose untrained model already met the threshold (every side shares its step 0) times nothing
     at_start = [i for i, r in enumerate(results) if (r["asyncrl"]["time_to_threshold"] or {}).get("step") == 0]
     speedups = {side: [None if i in at_start or not a["time_s"] or t["time_s"] is None else t["time_s"] / a["time_s"]
