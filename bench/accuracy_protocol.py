@@ -215,6 +215,10 @@ def main() -> None:
         if any(not record(f"vs_trl_{stem}_test-s{seed}").is_file() for seed in SEEDS):
             raise SystemExit("accuracy_protocol: the test runs lack sides (see bench/results/sides/); run test with the others")
     if "summary" in steps:
+        missing = [seed for seed in SEEDS if not record(f"vs_trl_{stem}_test-s{seed}").is_file()]
+        if missing:
+            raise SystemExit(f"accuracy_protocol: no summary yet: test seed(s) {', '.join(map(str, missing))} not recorded "
+                             "(bench/results/sides/ holds their finished sides); run the test step first")
         tests = [shown(record(f"vs_trl_{stem}_test-s{seed}")) for seed in SEEDS]
         cmd = [sys.executable, str(BENCH / "vs_trl_seeds.py"), "--name", f"{stem}_test", *tests]
         if subprocess.run(cmd, cwd=ROOT).returncode != 0:

@@ -119,3 +119,12 @@ def test_a_test_runs_sides_share_one_kind_of_machine(tmp_path):
     assert ap.elsewhere(tmp_path, epyc) == {"asyncrl": "2 cores (Xeon)"}
     assert ap.elsewhere(tmp_path, {**xeon, "nproc": 4}) == {"asyncrl": "2 cores (Xeon)"}
     assert ap.elsewhere(tmp_path / "none yet", epyc) == {}
+
+
+def test_the_summary_names_the_seeds_not_recorded_yet(tmp_path, monkeypatch):
+    monkeypatch.setattr(ap, "BENCH", tmp_path)
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "vs_trl_smollm2_word_problems_test-s1.json").write_text("{}")
+    monkeypatch.setattr(sys, "argv", ["accuracy_protocol.py", "summary"])
+    with pytest.raises(SystemExit, match=r"test seed\(s\) 0, 2 not recorded"):
+        ap.main()
