@@ -8,7 +8,7 @@ records must share their threshold, split, config and sides: the figures of one 
 runs. Per side: the seconds to the threshold of each seed (a seed that never reached it counts as slower than any
 that did), trained samples per second, the accuracy at the last snapshot and its gain over the untrained model
 (what a side learned from the same number of samples, whether or not it reached the threshold); per TRL side:
-asyncrl's speedup in each seed where both reached it. Medians with the range over seeds. Writes bench/results/vs_trl_seeds_<name>.{json,md}.
+asyncrl's speedup in each seed where both reached it, and its trained samples/s over the side's in every seed. Medians with the range over seeds. Writes bench/results/vs_trl_seeds_<name>.{json,md}.
 """
 from __future__ import annotations
 
@@ -56,8 +56,12 @@ def summarize(results: list[dict]) -> dict:
     at_start = [i for i, r in enumerate(results) if (r["asyncrl"]["time_to_threshold"] or {}).get("step") == 0]
     speedups = {side: [None if i in at_start or not a["time_s"] or t["time_s"] is None else t["time_s"] / a["time_s"]
                        for i, (a, t) in enumerate(zip(per_side["asyncrl"], per_side[side]))] for side in sides if side != "asyncrl"}
+    # asyncrl's trained samples a second over each side's, seed by seed (every seed counts: no threshold involved)
+    rate_ratios = {side: [a["samples_per_s"] / t["samples_per_s"] for a, t in zip(per_side["asyncrl"], per_side[side])]
+                   for side in sides if side != "asyncrl"}
     return {"threshold": results[0]["threshold"], "split": results[0].get("split", "test"), "config": results[0]["config"],
-            "runs": len(results), "sides": per_side, "speedup_over": speedups, "at_start": at_start}
+            "runs": len(results), "sides": per_side, "speedup_over": speedups, "rate_ratio_over": rate_ratios,
+            "at_start": at_start}
 
 
 def median_range(values: list[float | None], fmt: str) -> str:
@@ -86,6 +90,8 @@ def render(data: dict) -> str:
         cell = median_range(reached, ".2f") if reached else "–"
         lines.append(f"\nasyncrl / {SIDES[side]}, time to the threshold, seeds where both reached it after training "
                      f"({len(reached)} of {len(values)}): **{cell}**")
+    for side, ratios in data.get("rate_ratio_over", {}).items():
+        lines.append(f"\nasyncrl / {SIDES[side]}, trained samples/s, every seed ({len(ratios)}): **{median_range(ratios, '.2f')}**")
     if data.get("at_start"):
         lines.append(f"\nIn {len(data['at_start'])} of {data['runs']} seeds the untrained model was already at the threshold "
                      "on these problems (every side at 0 s): they time nothing and are left out of the speedups.")

@@ -24,6 +24,9 @@ def test_medians_and_ranges_over_seeds_with_a_seed_that_never_reached_it():
     assert "| trained samples/s | 0.90 (0.90–0.90) | 0.50 (0.50–0.50) |" in text
     # speedups in the two seeds where both reached it: 3.0 and 2.22; an even count takes the lower median
     assert "after training (2 of 3): **2.22 (2.22–3.00)**" in text and "untrained model" not in text
+    # samples/s 0.9 against 0.5 in every seed, whether or not the threshold was reached
+    assert data["rate_ratio_over"]["trl_vllm"] == pytest.approx([1.8, 1.8, 1.8])
+    assert "asyncrl / TRL + vLLM colocate, trained samples/s, every seed (3): **1.80 (1.80–1.80)**" in text
 
 
 def test_runs_of_different_protocol_steps_are_refused():
