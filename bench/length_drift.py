@@ -13,6 +13,8 @@ same stream and reads its trajectory store, nothing evaluated (no held-out probl
 - no_mask: the recipe with `algorithm.mask_truncated=false` (cut answers carry loss, mostly a negative advantage)
 - no_wait: the recipe with `buffer.expiring_wait_s=0` (the long groups past the bound are dropped, not waited for)
 - staleness_1: the recipe with `buffer.max_staleness=1`
+- no_keep_kv: the recipe with `rollout.keep_kv=false` (a weight load re-prefills the running requests under the new
+  weights instead of going on with the KV the old ones computed)
 - sync: the colocated synchronous baseline (configs/smollm2_word_problems_sync.yaml) at the same learning rate
 
 Per variant: the mean length of the trained answers in each eighth of training, the share cut at the cap in the
@@ -21,7 +23,7 @@ rewards, the sum of (group-standardised reward) x (answer length), per trained a
 groups, the trained answers that scored better are the longer ones, so the update favours longer answers; cut
 answers are left out where `mask_truncated` leaves them no loss.
 
-    .venv/bin/python bench/length_drift.py                      # 5 x (about 12 min of training + 1 min start-up)
+    .venv/bin/python bench/length_drift.py                      # 6 x (about 12 min of training + 1 min start-up)
     .venv/bin/python bench/length_drift.py --variants recipe sync --seed 1
 
 Writes bench/results/length_drift.{md,json} (`--name` changes the stem) again as each variant ends.
@@ -47,6 +49,7 @@ VARIANTS = {
     "no_mask": (RECIPE, ["algorithm.mask_truncated=false"]),
     "no_wait": (RECIPE, ["buffer.expiring_wait_s=0"]),
     "staleness_1": (RECIPE, ["buffer.max_staleness=1"]),
+    "no_keep_kv": (RECIPE, ["rollout.keep_kv=false"]),
     "sync": (SYNC, []),
 }
 BINS = 8
