@@ -205,6 +205,40 @@ def machine() -> dict:
     return {"nproc": os.cpu_count(), "cpu_model": model, "load_avg_1m_at_start": round(os.getloadavg()[0], 2)}
 
 
+def speed_probe(reps: int = 5) -> float:
+    """This machine's speed now, in seconds: the best of `reps` timings of a fixed float32 matmul workload on one
+    thread. Taken before and after each side: on a shared machine the speed can drift between sides (a 2-core VM ran
+    one side 1.4x slower throughout, its fixed-size weight loads included), and then their clocks do not compare."""
+    import torch  # here, not at module level: bench/vs_trl_seeds.py imports this module's pure parts
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        gen = torch.Generator().manual_seed(0)
+        a, b = torch.randn(768, 768, generator=gen), torch.randn(768, 768, generator=gen)
+        best = math.inf
+        for _ in range(reps):
+            start = time.perf_counter()
+            for _ in range(10):
+                a @ b
+            best = min(best, time.perf_counter() - start)
+        return best
+    finally:
+        torch.set_num_threads(threads)
+
+
+PROBE_SPREAD = 1.10
+"""Sides whose speed probes differ by more than this ratio ran on a machine whose speed changed: the record says so."""
+
+
+def probe_spread(machines: dict[str, dict | None]) -> float | None:
+    """The slowest over the fastest speed probe of the sides that took one (`machine["probe_s"]`); None: fewer
+    than two sides did."""
+    probes = [p for m in machines.values() if m for p in m.get("probe_s") or []]
+    sides = [m for m in machines.values() if m and m.get("probe_s")]
+    return max(probes) / min(probes) if len(sides) >= 2 else None
+
+
 def machine_kind(m: dict) -> str:
     """What makes two machines' clocks comparable here: the core count and the CPU model."""
     return f"{m['nproc']} cores ({m['cpu_model']})"
@@ -449,11 +483,19 @@ def machines_note(result: dict) -> str:
     if not result.get("resumed_sides") or not kept:
         return ""
     names = {"asyncrl": "asyncrl", **SIDE_NAMES}
+    spread = probe_spread(kept)
+    if spread is not None:
+        probes = "; speed probe before/after each side (s): " + ", ".join(
+            f"{names[k]} {'/'.join(f'{p:.3f}' for p in m['probe_s'])}" for k, m in kept.items() if m.get("probe_s"))
+        probes += (f", **{spread:.2f}x apart: the machine's speed changed between sides, their clocks compare less well**"
+                   if spread > PROBE_SPREAD else f" ({spread:.2f}x apart)")
+    else:
+        probes = ""
     if len({machine_kind(m) for m in kept.values()}) == 1:
         return (f"; the sides ran one after another, in separate invocations, on machines of one kind ({next(iter(kept.values()))['cpu_model']}): "
-                + ", ".join(f"{names[k]} at load {m['load_avg_1m_at_start']}" for k, m in kept.items()))
+                + ", ".join(f"{names[k]} at load {m['load_avg_1m_at_start']}" for k, m in kept.items()) + probes)
     return "; **the sides ran on machines of different kinds**: " + "; ".join(
-        f"{names[k]} on {machine_kind(m)}, load average at start {m['load_avg_1m_at_start']}" for k, m in kept.items())
+        f"{names[k]} on {machine_kind(m)}, load average at start {m['load_avg_1m_at_start']}" for k, m in kept.items()) + probes
 
 
 def render(result: dict) -> str:
@@ -639,8 +681,9 @@ def run_sides(plan: dict, work: Path, resume: bool, ledger: Path | None = None) 
             continue
         shutil.rmtree(work / key, ignore_errors=True)  # a run directory must start empty (metrics.jsonl is appended to)
         print(f"vs_trl: {what} ...", flush=True)
+        before = speed_probe()
         runs[key] = run(work / key)
-        keep_side(work / key, job, runs[key], machine=machine())
+        keep_side(work / key, job, runs[key], machine={**machine(), "probe_s": [round(before, 4), round(speed_probe(), 4)]})
     return runs, resumed
 
 

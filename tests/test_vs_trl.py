@@ -276,7 +276,8 @@ def test_trl_lora_snapshot_holds_the_merged_weights_a_sync_sends(trl_grpo, rando
     assert not weights[name].requires_grad
 
 
-def test_resume_takes_the_sides_the_same_job_finished_and_runs_the_rest(vs_trl, tmp_path):
+def test_resume_takes_the_sides_the_same_job_finished_and_runs_the_rest(vs_trl, tmp_path, monkeypatch):
+    monkeypatch.setattr(vs_trl, "speed_probe", lambda: 0.25)
     ran = []
 
     def runner(key):
@@ -329,7 +330,8 @@ def test_a_snapshot_of_the_initial_weights_is_recognised_so_its_score_is_not_com
     assert not vs_trl.holds_only({"c.weight": initial["c.weight"][:4]}, initial)  # another shape
 
 
-def test_a_side_in_the_ledger_is_taken_on_a_fresh_machine_only_for_the_same_job(vs_trl, tmp_path):
+def test_a_side_in_the_ledger_is_taken_on_a_fresh_machine_only_for_the_same_job(vs_trl, tmp_path, monkeypatch):
+    monkeypatch.setattr(vs_trl, "speed_probe", lambda: 0.25)
     ran = []
 
     def run(out: Path) -> dict:
@@ -354,6 +356,7 @@ def test_a_side_in_the_ledger_is_taken_on_a_fresh_machine_only_for_the_same_job(
     runs, resumed = vs_trl.run_sides({"asyncrl": ("asyncrl", other, run)}, tmp_path / "work2", resume=True, ledger=ledger)
     assert ran == ["asyncrl"] and resumed == []
     assert vs_trl.read_side(tmp_path / "work2" / "asyncrl")["machine"]["nproc"] >= 1  # where it ran is kept with it
+    assert vs_trl.read_side(tmp_path / "work2" / "asyncrl")["machine"]["probe_s"] == [0.25, 0.25]  # its speed, before and after
 
 
 def test_the_table_says_where_sides_made_in_other_invocations_ran(vs_trl):
@@ -364,3 +367,22 @@ def test_the_table_says_where_sides_made_in_other_invocations_ran(vs_trl):
     assert "different kinds" in vs_trl.machines_note(mixed) and "EPYC B" in vs_trl.machines_note(mixed)
     assert vs_trl.machines_note({**same, "resumed_sides": []}) == ""  # one invocation: the heading's machine is every side's
     assert vs_trl.machines_note({"resumed_sides": ["sync"]}) == ""  # a record from before sides kept their machine
+
+
+def test_the_table_says_when_the_machines_speed_changed_between_sides(vs_trl):
+    m = {"nproc": 2, "cpu_model": "Xeon A", "load_avg_1m_at_start": 0.1}
+    steady = {"resumed_sides": ["asyncrl", "sync"],
+              "side_machines": {"asyncrl": {**m, "probe_s": [0.20, 0.21]}, "sync": {**m, "probe_s": [0.21, 0.20]}}}
+    assert vs_trl.probe_spread(steady["side_machines"]) == pytest.approx(1.05)
+    assert "asyncrl 0.200/0.210, asyncrl, synchronous 0.210/0.200 (1.05x apart)" in vs_trl.machines_note(steady)
+    slowed = {**steady, "side_machines": {**steady["side_machines"], "sync": {**m, "probe_s": [0.28, 0.29]}}}
+    assert "1.45x apart: the machine's speed changed between sides" in vs_trl.machines_note(slowed)
+    older = {**steady, "side_machines": {"asyncrl": m, "sync": {**m, "probe_s": [0.28, 0.29]}}}  # one side without a probe
+    assert vs_trl.probe_spread(older["side_machines"]) is None and "probe" not in vs_trl.machines_note(older)
+
+
+def test_the_speed_probe_times_a_fixed_workload(vs_trl):
+    import torch
+
+    threads = torch.get_num_threads()
+    assert 0 < vs_trl.speed_probe(reps=1) < 60 and torch.get_num_threads() == threads  # the caller's threads are left as they were
