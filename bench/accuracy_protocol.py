@@ -140,6 +140,11 @@ def vs_trl_commands(args: list[str], sides: tuple[str, ...]) -> tuple[list[list[
     return cmds, record(f"vs_trl_{stem}_{tag}")
 
 
+def unrecorded_seeds(stem: str) -> list[int]:
+    """The test seeds whose run has no record yet (some of its sides may be in the ledger)."""
+    return [seed for seed in SEEDS if not record(f"vs_trl_{stem}_test-s{seed}").is_file()]
+
+
 def ledgered(ledger: Path) -> set[str]:
     """The sides a run's ledger holds, scored."""
     return {p.stem for p in ledger.glob("*.json") if json.loads(p.read_text()).get("scored")}
@@ -212,10 +217,10 @@ def main() -> None:
                       f"{', '.join(f'{k} ran on {v}' for k, v in other.items())}; this machine has {machine_kind(here)}", flush=True)
                 continue
             run_vs_trl(test_args(args.config, args.sync_config, choice, seed, args.steps, args.save_every, args.dev_size), sides)
-        if any(not record(f"vs_trl_{stem}_test-s{seed}").is_file() for seed in SEEDS):
+        if unrecorded_seeds(stem):
             raise SystemExit("accuracy_protocol: the test runs lack sides (see bench/results/sides/); run test with the others")
     if "summary" in steps:
-        missing = [seed for seed in SEEDS if not record(f"vs_trl_{stem}_test-s{seed}").is_file()]
+        missing = unrecorded_seeds(stem)
         if missing:
             raise SystemExit(f"accuracy_protocol: no summary yet: test seed(s) {', '.join(map(str, missing))} not recorded "
                              "(bench/results/sides/ holds their finished sides); run the test step first")

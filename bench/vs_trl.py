@@ -234,9 +234,11 @@ PROBE_SPREAD = 1.10
 def probe_spread(machines: dict[str, dict | None]) -> float | None:
     """The slowest over the fastest speed probe of the sides that took one (`machine["probe_s"]`); None: fewer
     than two sides did."""
-    probes = [p for m in machines.values() if m for p in m.get("probe_s") or []]
-    sides = [m for m in machines.values() if m and m.get("probe_s")]
-    return max(probes) / min(probes) if len(sides) >= 2 else None
+    probed = [m["probe_s"] for m in machines.values() if m and m.get("probe_s")]
+    if len(probed) < 2:
+        return None
+    probes = [p for side in probed for p in side]
+    return max(probes) / min(probes)
 
 
 def machine_kind(m: dict) -> str:

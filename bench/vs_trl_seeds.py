@@ -8,7 +8,8 @@ records must share their threshold, split, config and sides: the figures of one 
 runs. Per side: the seconds to the threshold of each seed (a seed that never reached it counts as slower than any
 that did), trained samples per second, the accuracy at the last snapshot and its gain over the untrained model
 (what a side learned from the same number of samples, whether or not it reached the threshold); per TRL side:
-asyncrl's speedup in each seed where both reached it, and its trained samples/s over the side's in every seed. Medians with the range over seeds. Writes bench/results/vs_trl_seeds_<name>.{json,md}.
+asyncrl's speedup in each seed where both reached it, and its trained samples/s over the side's in every seed.
+Medians with the range over seeds. Writes bench/results/vs_trl_seeds_<name>.{json,md}.
 """
 from __future__ import annotations
 
