@@ -29,7 +29,8 @@ sys.path.insert(0, str(ROOT))
 
 
 def update_sets(cfg, model_path: str) -> dict[str, list]:
-    """name -> [(checkpoint name, tensor)]: what a sync of `cfg` sends, and the whole model; initial + noise."""
+    """name -> [(checkpoint name, tensor)]: what a sync of `cfg` sends, and the whole model; initial + noise, in the
+    job's compute dtype (`model.dtype`, resolved), which the learner sends and the engine holds."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -37,7 +38,8 @@ def update_sets(cfg, model_path: str) -> dict[str, list]:
 
     torch.manual_seed(0)
     hf = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
-    state = {k: v + 1e-3 * v.std() * torch.randn_like(v) if v.is_floating_point() else v for k, v in hf.state_dict().items()}
+    dtype = getattr(torch, cfg.model.dtype)
+    state = {k: (v + 1e-3 * v.std() * torch.randn_like(v)).to(dtype) if v.is_floating_point() else v for k, v in hf.state_dict().items()}
     sets = {}
     lo = cfg.learner.lora
     if lo.rank > 0:
