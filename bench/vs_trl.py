@@ -683,9 +683,9 @@ def run_sides(plan: dict, work: Path, resume: bool, ledger: Path | None = None) 
             continue
         shutil.rmtree(work / key, ignore_errors=True)  # a run directory must start empty (metrics.jsonl is appended to)
         print(f"vs_trl: {what} ...", flush=True)
-        before = speed_probe()
+        here, before = machine(), speed_probe()  # the load average at the side's start, as the record names it
         runs[key] = run(work / key)
-        keep_side(work / key, job, runs[key], machine={**machine(), "probe_s": [round(before, 4), round(speed_probe(), 4)]})
+        keep_side(work / key, job, runs[key], machine={**here, "probe_s": [round(before, 4), round(speed_probe(), 4)]})
     return runs, resumed
 
 
