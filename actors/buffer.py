@@ -45,6 +45,13 @@ class ExpiringWaits:
             self.current = (step, time.monotonic())
         return max(0.0, self.limit_s - (time.monotonic() - self.current[1]))
 
+    def restore(self, counts: dict) -> dict:
+        """Resume the totals a checkpoint's buffer counts hold (none in one written before they were kept); returns
+        the other counts."""
+        rest = dict(counts)
+        self.batches, self.seconds = int(rest.pop("expiring_wait_batches", 0)), float(rest.pop("expiring_wait_s", 0.0))
+        return rest
+
     def taken(self, step: int) -> None:
         """The batch of `step` was taken: count its wait, if it waited."""
         if self.current is not None and self.current[0] == step:
@@ -185,7 +192,7 @@ class ReplayBuffer:
         """Resume: the run's accounting at a checkpoint, with nothing in flight (admission continues from there)."""
         self.version = version
         self.live, self.outstanding = consumed_groups, 0
-        self.counts.update(counts)
+        self.counts.update(self.expiring.restore(counts))
         await self._notify()
 
     async def stats(self) -> dict:

@@ -253,3 +253,19 @@ def test_a_batch_waits_for_an_expiring_group_only_so_long_and_not_for_a_dead_wor
     batch, waited, second, stats = run(scenario())
     assert batch[0]["group_id"] == "r-w0-g1" and 0.3 <= waited < 2.0 and second < 0.2
     assert stats["expiring_wait_batches"] == 1 and 0.3 <= stats["expiring_wait_s"] < 2.0 and stats["lost"] == 4
+
+
+def test_a_restored_buffer_goes_on_from_its_checkpoints_counts_and_expiring_wait_totals(tmp_path):
+    """A resumed run's buffer continues the counters its checkpoint kept, the expiring-group waits' totals among
+    them (not mixed into the sample counts), and a checkpoint written before those totals were kept resumes them
+    at zero."""
+    async def scenario(counts):
+        buf = make(tmp_path / str(len(counts)))
+        await buf.restore(3, 4, counts)
+        return await buf.stats(), buf.counts
+    counts = {"admitted_groups": 5, "consumed": 8, "dropped_stale": 2, "expiring_wait_batches": 3, "expiring_wait_s": 4.5}
+    stats, kept = run(scenario(counts))
+    assert (stats["expiring_wait_batches"], stats["expiring_wait_s"], stats["dropped_stale"], stats["version"]) == (3, 4.5, 2, 3)
+    assert "expiring_wait_s" not in kept and kept["consumed"] == 8
+    old_stats, _ = run(scenario({"consumed": 8}))
+    assert (old_stats["expiring_wait_batches"], old_stats["expiring_wait_s"], old_stats["consumed"]) == (0, 0.0, 8)

@@ -14,8 +14,9 @@ from asyncrl.core.messages import WorkerStats
 from asyncrl.orchestration.learners import LearnerPool
 from asyncrl.orchestration.pools import RolloutPool
 
-BUFFER_COUNTS = ("admitted_groups", "refused_admissions", "consumed", "dropped_stale", "dropped_error", "aborted", "filtered")
-"""The buffer's counters a resumed run continues from."""
+BUFFER_COUNTS = ("admitted_groups", "refused_admissions", "consumed", "dropped_stale", "dropped_error", "aborted", "filtered",
+                 "expiring_wait_batches", "expiring_wait_s")
+"""The buffer's counters a resumed run continues from (the expiring-group waits' totals among them)."""
 
 
 class Checkpoints:
