@@ -167,10 +167,10 @@ class Learner:
         self._ready()
         return self.trainer.train_step(samples, version)
 
-    def _proximal_from_update(self, size: int) -> torch.Tensor:
+    def _proximal_from_update(self, groups: torch.Tensor) -> torch.Tensor:
         """Trainer.proximal_from_update, for tests."""
         self._ready()
-        return self.trainer.proximal_from_update(size)
+        return self.trainer.proximal_from_update(groups)
 
     # ---- inspection ----------------------------------------------------------------
 

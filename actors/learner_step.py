@@ -102,7 +102,7 @@ class Trainer:
         """The passes without gradient before the update: the reference's and the proximal log-probs (those the update
         does not fill in), the critic's old values. Each worker computes its rows, then all hold the whole batch's."""
         temp, micro = self.cfg.rollout.temperature, self.cfg.learner.micro_batch_size  # a micro-batch at a time, as the updates
-        pending = self.proximal_from_update(batch.size)
+        pending = self.proximal_from_update(batch.group_index)
         fused = bool(pending.any())
         with torch.no_grad():
             mine = batch.select(lg.shard(torch.arange(batch.size, device=self.device), self.dp))
@@ -119,7 +119,7 @@ class Trainer:
 
     def _update(self, s: StepTensors, metrics: dict) -> int:
         """The policy's updates, then the critic's; their metrics into `metrics`. Returns the updates skipped."""
-        minis, dp, lcfg = self._mini_batches(s.batch.size), self.dp, self.cfg.learner
+        minis, dp, lcfg = self._mini_batches(s.batch.group_index), self.dp, self.cfg.learner
         update_metrics, skipped = updates(s.batch, minis, self.opt, partial(self._policy_loss, s), "loss/policy", "learner/grad_norm", dp, lcfg,
                                           self.share)
         metrics.update(update_metrics)
@@ -174,11 +174,14 @@ class Trainer:
         held = self.steps_done % self.cfg.learner.sync_every == 0
         return torch.tensor([held and s["policy_version_start"] == version == s["policy_version_end"] for s in samples], device=self.device)
 
-    def _mini_batches(self, size: int) -> tuple[torch.Tensor, ...]:
-        """The rows of each of the step's `learner.mini_batches` updates (the same on every learner worker)."""
-        return mini_batch_rows(size, self.cfg.learner.mini_batches, self.cfg.learner.shuffle, self.cfg.run.seed, self.steps_done, self.device)
+    def _mini_batches(self, groups: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The rows of each of the step's `learner.mini_batches` updates of a batch whose rows belong to `groups` ([B]),
+        the same on every learner worker."""
+        lcfg = self.cfg.learner
+        return mini_batch_rows(len(groups), lcfg.mini_batches, lcfg.shuffle, self.cfg.run.seed, self.steps_done, self.device,
+                               groups if lcfg.whole_groups else None)
 
-    def proximal_from_update(self, size: int) -> torch.Tensor:
+    def proximal_from_update(self, groups: torch.Tensor) -> torch.Tensor:
         """[B] bool: the rows whose pi_prox (the policy's log-probs before this step) comes from the update's own
         forward passes instead of a separate pass without gradient: those of the first mini-batch (no optimizer step
         precedes their forward: exact; with one mini-batch, no separate pass at all) and, with
@@ -186,9 +189,9 @@ class Trainer:
         then see the policy at the start of each mini-batch, as AReaL's `recompute_logprob: false`). Only with one
         learner (the rows stay local) and nothing that needs the KL before the update (a KL alert, KL in the reward)."""
         a = self.cfg.algorithm
-        rows = torch.zeros(size, dtype=torch.bool, device=self.device)
+        rows = torch.zeros(len(groups), dtype=torch.bool, device=self.device)
         if self.dp.world == 1 and a.kl_alert <= 0 and not (a.kl_penalty == "reward" and a.kl_coef > 0):
-            rows[self._mini_batches(size)[0]] = True
+            rows[self._mini_batches(groups)[0]] = True
             rows |= a.correction == "none"
         return rows
 
@@ -235,11 +238,20 @@ class Trainer:
         return True
 
 
-def mini_batch_rows(size: int, count: int, shuffle: bool, seed: int, step: int, device=None) -> tuple[torch.Tensor, ...]:
+def mini_batch_rows(size: int, count: int, shuffle: bool, seed: int, step: int, device=None,
+                    groups: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
     """A batch's rows split into `count` updates: with `shuffle` (and more than one update) a permutation drawn from
-    (seed, step), so every worker draws the same and a rerun of the step draws it again; else in arrival order."""
+    (seed, step), so every worker draws the same and a rerun of the step draws it again; else in arrival order. With
+    `groups` ([B], equal within a group: `learner.whole_groups`) the permutation is of the groups, each group's rows
+    kept together in their order."""
     if count > 1 and shuffle:
-        rows = torch.randperm(size, generator=torch.Generator().manual_seed(seed * 1_000_003 + step))
+        gen = torch.Generator().manual_seed(seed * 1_000_003 + step)
+        if groups is None:
+            rows = torch.randperm(size, generator=gen)
+        else:
+            ids, group_of = torch.unique(groups.cpu(), return_inverse=True)
+            place = torch.randperm(len(ids), generator=gen)[group_of]  # each row's group's place in the drawn order
+            rows = torch.argsort(place * size + torch.arange(size))
     else:
         rows = torch.arange(size)
     return rows.to(device).chunk(count)

@@ -524,6 +524,8 @@ def one_update(cfg, samples: list[dict], b_std: float, workdir: str) -> dict:
 
 def asyncrl_updates(learner, samples: list[dict]) -> tuple[list, list[float], dict]:
     """The learner's real step on `samples`: its mini-batches' rows, gradient norms and metrics."""
+    from asyncrl.core.batching import group_indices
+
     norms: list[float] = []
 
     def recording(original):
@@ -531,7 +533,7 @@ def asyncrl_updates(learner, samples: list[dict]) -> tuple[list, list[float], di
             norms.append(original(params, opt, clip))
             return norms[-1]
         return step
-    minis = learner.trainer._mini_batches(len(samples))  # what the step below draws (the trainer's step 0)
+    minis = learner.trainer._mini_batches(group_indices(samples))  # what the step below draws (the trainer's step 0)
     with patched_step(recording):
         metrics = learner.trainer.train_step([dict(s) for s in samples], 0)
     return minis, norms, metrics

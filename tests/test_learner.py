@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from asyncrl.actors.learner import Learner
-from asyncrl.core.batching import collate, first_response_position, token_logprobs, token_logprobs_batched
+from asyncrl.core.batching import collate, first_response_position, group_indices, token_logprobs, token_logprobs_batched
 from asyncrl.core.config import load_config
 
 
@@ -193,9 +193,10 @@ def test_proximal_from_the_update_matches_a_separate_proximal_pass(random_model_
     # never fires forces the separate no-grad pass. Same gradients, same metrics, over two steps (the second off the first).
     fused = learner(random_model_dir, f"learner.micro_batch_size={micro}", f"learner.mini_batches={minis}")
     separate = learner(random_model_dir, f"learner.micro_batch_size={micro}", f"learner.mini_batches={minis}", "algorithm.kl_alert=1e9")
-    first = fused._proximal_from_update(16)  # the rows of the first update (drawn at random with two updates)
-    assert int(first.sum()) == 16 // minis and first.nonzero().squeeze(-1).tolist() == sorted(fused.trainer._mini_batches(16)[0].tolist())
-    assert not separate._proximal_from_update(16).any()
+    groups = group_indices(fake_samples())
+    first = fused._proximal_from_update(groups)  # the rows of the first update (drawn at random with two updates)
+    assert int(first.sum()) == 16 // minis and first.nonzero().squeeze(-1).tolist() == sorted(fused.trainer._mini_batches(groups)[0].tolist())
+    assert not separate._proximal_from_update(groups).any()
     for step in range(2):
         samples = fake_samples()
         if step:  # stale behaviour log-probs: the decoupled weights are not 1
@@ -214,7 +215,7 @@ def test_correction_none_takes_every_rows_pi_prox_from_its_update_with_no_separa
     # (AReaL's recompute_logprob: false); the gradients are those of the run that recomputes it.
     args = ["learner.mini_batches=2", "learner.micro_batch_size=4", "algorithm.correction=none", "algorithm.kl_ref_every=0"]
     fused, separate = learner(random_model_dir, *args), learner(random_model_dir, *args, "algorithm.kl_alert=1e9")
-    assert fused._proximal_from_update(16).all()
+    assert fused._proximal_from_update(group_indices(fake_samples())).all()
     passes = []
     forward = fused.model.forward
     fused.model.forward = lambda *a, **kw: passes.append(torch.is_grad_enabled()) or forward(*a, **kw)
@@ -491,3 +492,22 @@ def test_mini_batches_draw_their_rows_at_random_per_step_and_the_same_on_every_w
     assert not torch.equal(rows, torch.cat(mini_batch_rows(64, 4, True, seed=1, step=3)))
     assert torch.cat(mini_batch_rows(64, 4, False, seed=0, step=3)).tolist() == list(range(64))  # learner.shuffle=false
     assert torch.cat(mini_batch_rows(16, 1, True, seed=0, step=3)).tolist() == list(range(16))  # one update: nothing to draw
+
+
+def test_whole_group_mini_batches_draw_groups_at_random_and_keep_each_groups_rows_together():
+    # learner.whole_groups (verl's mini-batches): 8 groups of 8 (rows of a group not adjacent, as a batch may hold them)
+    # into 4 updates: each update holds 2 whole groups, the groups' order is drawn per step, the same on every worker.
+    from actors.learner_step import mini_batch_rows
+
+    groups = torch.arange(64) % 8
+    minis = mini_batch_rows(64, 4, True, seed=0, step=3, groups=groups)
+    rows = torch.cat(minis)
+    assert sorted(rows.tolist()) == list(range(64)) and [len(m) for m in minis] == [16] * 4
+    assert all(len(set(groups[m].tolist())) == 2 for m in minis)  # whole groups: 2 of them, 8 rows each
+    assert all(groups[m].tolist() == sorted(groups[m].tolist(), key=groups[m].tolist().index) for m in minis)  # adjacent
+    assert all(torch.equal(a, b) for a, b in zip(minis, mini_batch_rows(64, 4, True, seed=0, step=3, groups=groups)))
+    assert not torch.equal(rows, torch.cat(mini_batch_rows(64, 4, True, seed=0, step=4, groups=groups)))  # another step
+    for m in minis:  # a group's rows in their order
+        for g in set(groups[m].tolist()):
+            mine = m[groups[m] == g].tolist()
+            assert mine == sorted(mine)

@@ -45,6 +45,12 @@ class Batch:
                      self.behavior_logprobs[:, : L - 1], self.rewards, self.group_index)
 
 
+def group_indices(samples: list[dict]) -> torch.Tensor:
+    """[B] int: each sample's group, numbered in the order the groups first appear (`Batch.group_index`)."""
+    groups: dict[str, int] = {}
+    return torch.tensor([groups.setdefault(s["group_id"], len(groups)) for s in samples])
+
+
 def collate(samples: list[dict], pad_id: int, device: torch.device | str = "cpu", mask_truncated: bool = False) -> Batch:
     """Right-padded tensors of `samples`. With `mask_truncated`, a response cut at `rollout.max_new_tokens`
     (finish_reason "length") keeps its place, reward and group but none of its tokens carry loss (DAPO's
@@ -56,7 +62,6 @@ def collate(samples: list[dict], pad_id: int, device: torch.device | str = "cpu"
     attention = torch.zeros((B, width), dtype=torch.long)
     response_mask = torch.zeros((B, width - 1))
     behavior = torch.zeros((B, width - 1))
-    groups: dict[str, int] = {}
     for b, s in enumerate(samples):
         p, r = len(s["prompt_ids"]), len(s["response_ids"])
         input_ids[b, : p + r] = torch.tensor(list(s["prompt_ids"]) + list(s["response_ids"]))
@@ -65,10 +70,8 @@ def collate(samples: list[dict], pad_id: int, device: torch.device | str = "cpu"
             mask = s.get("loss_mask")
             response_mask[b, p - 1 : p - 1 + r] = 1.0 if mask is None else torch.tensor(list(mask), dtype=torch.float32)
         behavior[b, p - 1 : p - 1 + r] = torch.tensor(s["behavior_logprobs"], dtype=torch.float32)
-        groups.setdefault(s["group_id"], len(groups))
     rewards = torch.tensor([float(s["reward"]) for s in samples])
-    group_index = torch.tensor([groups[s["group_id"]] for s in samples])
-    batch = Batch(input_ids, attention, response_mask, behavior, rewards, group_index)
+    batch = Batch(input_ids, attention, response_mask, behavior, rewards, group_indices(samples))
     return Batch(**{f.name: getattr(batch, f.name).to(device) for f in fields(batch)})
 
 

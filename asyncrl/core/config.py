@@ -302,6 +302,8 @@ class LearnerConfig(_Section):
     """Optimizer updates per batch (PPO epochs split into mini-batches)."""
     shuffle: bool = True
     """With mini_batches > 1: each update's rows are a random draw from the step's batch (seeded by run.seed and the step), as TRL and OpenRLHF draw theirs; false: in arrival order, where groups that finish first (the short ones) all land in the first update and the long ones in the last."""
+    whole_groups: bool = True
+    """With mini_batches > 1 and shuffle: the draw takes whole groups, in a random order (verl's mini-batches, counted in prompts), so a group's prompt still runs once in its passes (share_prompt); false: rows one at a time across groups (TRL's), each update then holding a few rows of most groups."""
     micro_batch_size: int = Field(64, ge=1)
     """Samples per forward/backward; gradients accumulate across micro-batches."""
     grad_clip: float = 1.0
