@@ -82,7 +82,7 @@ bench: $(STAMP) $(SGLANG_STAMP)
 SMOL := --config configs/smollm2_word_problems.yaml
 bench-smollm2: $(STAMP) $(SGLANG_STAMP)
 	@start=$$(date +%s); \
-	for b in "weight_load.py $(SMOL)" "learner_phases.py $(SMOL)" "engine_factors.py $(SMOL) --reload-every 14" "overlap.py $(SMOL) --samples 192"; do \
+	for b in "weight_load.py $(SMOL)" "learner_phases.py $(SMOL)" "engine_factors.py $(SMOL) --reload-every auto" "overlap.py $(SMOL) --samples 192"; do \
 		t0=$$(date +%s); $(PY) bench/$$b || exit 1; echo "make bench-smollm2: bench/$$b took $$(( $$(date +%s) - t0 )) s"; \
 	done; \
 	echo "make bench-smollm2: all took $$(( $$(date +%s) - start )) s"

@@ -21,6 +21,7 @@ median (min-max) of tokens per second of wall time, of the requests in the engin
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import time
@@ -48,7 +49,7 @@ def sync_weights(cfg, model_path: str) -> list:
     from asyncrl.core import lora
 
     hf = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
-    state = {k: v.detach().clone() for k, v in hf.state_dict().items()}
+    state = {k: v.detach().to(getattr(torch, cfg.model.dtype)).clone() for k, v in hf.state_dict().items()}  # the learner sends its compute dtype
     lo = cfg.learner.lora
     if lo.rank == 0:
         return list(state.items())
@@ -56,8 +57,9 @@ def sync_weights(cfg, model_path: str) -> list:
     return [(f"{m}.weight", state[f"{m}.weight"]) for m in lora.sync_modules(wrapped)]
 
 
-def learner_load(model_path: str, cores: list[int], shape: tuple[int, int], ready) -> None:
-    """Forward+backward passes of the model on `cores`, one thread, until killed (a spawned process)."""
+def learner_load(model_path: str, cores: list[int], shape: tuple[int, int], ready, dtype: str = "float32") -> None:
+    """Forward+backward passes of the model in `dtype` (the job's compute dtype) on `cores`, one thread, until killed (a
+    spawned process)."""
     import os
 
     if cores:
@@ -66,7 +68,7 @@ def learner_load(model_path: str, cores: list[int], shape: tuple[int, int], read
     from transformers import AutoModelForCausalLM
 
     torch.set_num_threads(1)
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype))
     ids = torch.randint(0, model.config.vocab_size, shape)
     while True:
         model(input_ids=ids, labels=ids).loss.backward()
@@ -74,13 +76,13 @@ def learner_load(model_path: str, cores: list[int], shape: tuple[int, int], read
         ready.set()
 
 
-def start_load(model_path: str, cores: list[int], shape: tuple[int, int]):
+def start_load(model_path: str, cores: list[int], shape: tuple[int, int], dtype: str):
     """The learner-load process, once it has run its first pass."""
     import multiprocessing as mp
 
     ctx = mp.get_context("spawn")  # not fork: this process holds vLLM engines
     ready = ctx.Event()
-    proc = ctx.Process(target=learner_load, args=(model_path, cores, shape, ready), daemon=True)
+    proc = ctx.Process(target=learner_load, args=(model_path, cores, shape, ready, dtype), daemon=True)
     proc.start()
     while not ready.wait(1.0):
         if not proc.is_alive():
@@ -163,7 +165,7 @@ def measure(args, cfg) -> dict:
     for k in range(args.repeats):
         for pos, row in enumerate(rows[k % len(rows):] + rows[:k % len(rows)]):
             f = row["factors"]
-            load = start_load(path, learner_cores, shape) if f["learner_load"] else None
+            load = start_load(path, learner_cores, shape, cfg.model.dtype) if f["learner_load"] else None
             try:
                 run = generate(engines[f["priority"]], ids, params, r, f, weights, args.reload_every, f"r{k}-{pos}", args.row_limit)
             finally:
@@ -187,7 +189,8 @@ def main() -> None:
     parser.add_argument("--config", type=Path, default=ROOT / "configs" / "default.yaml")
     parser.add_argument("--groups", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--reload-every", type=float, default=24.0, help="seconds between two weight loads (a learner step)")
+    parser.add_argument("--reload-every", default="24", help="seconds between two weight loads (a learner step), or auto: the "
+                        "recipe's learner step on this machine, from bench/learner_phases.py's record")
     parser.add_argument("--row-limit", type=float, default=300.0,
                         help="seconds after which a row's run is stopped, its sampled tokens counted and the run marked unfinished")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
@@ -195,9 +198,43 @@ def main() -> None:
     start = provenance(sys.argv[1:])
     from asyncrl.core.config import load_config
 
-    data = measure(args, load_config(args.config))
+    cfg = load_config(args.config)
+    args.reload_every, source = reload_every(args.reload_every, cfg, args.config, start, args.out)
+    data = {**measure(args, cfg), "reload_every_from": source}
     default = args.config.resolve() == (ROOT / "configs" / "default.yaml").resolve()
     publish(args.out, "engine_factors" if default else f"engine_factors_{args.config.stem}", "engine_factors", data, sys.argv[1:], start)
+
+
+def learner_step_s(record: dict, batch_size: int, here: dict) -> float:
+    """`--reload-every auto`: the asynchronous recipe's learner step on this machine, bench/learner_phases.py's time a
+    sample on one thread with one update a batch, times the batch, from its record, which must have been measured on
+    this kind of machine (CPU model and cores: `make bench-smollm2` runs it first)."""
+    meta = record.get("meta", {})
+    if (meta.get("cpu_model"), meta.get("cores")) != (here.get("cpu_model"), here.get("cores")):
+        raise SystemExit(f"engine_factors: --reload-every auto needs bench/learner_phases.py's record from this kind of machine "
+                         f"({here.get('cpu_model')}, {here.get('cores')} cores); it was measured on {meta.get('cpu_model')}, "
+                         f"{meta.get('cores')} cores: run bench/learner_phases.py first, or give seconds")
+    case = next((c for c in record["result"]["cases"] if c["threads"] == 1 and c["mini_batches"] == 1 and c["correction"] is None), None)
+    if case is None:
+        raise SystemExit("engine_factors: the learner_phases record has no one-thread, one-update case")
+    return case["per_sample_s"] * batch_size
+
+
+def reload_every(arg: str, cfg, config: Path, here: dict, results: Path) -> tuple[float, str]:
+    """Seconds between two loads and where they came from: `arg` as a number, or `auto` (`learner_step_s`)."""
+    if arg != "auto":
+        return float(arg), "given"
+    path = results / f"learner_phases_{config.stem}.json"
+    if not path.is_file():
+        raise SystemExit(f"engine_factors: --reload-every auto reads {path}: run bench/learner_phases.py --config {config} first")
+    record = json.loads(path.read_text())
+    return learner_step_s(record, cfg.learner.batch_size, here), f"learner_phases of {record['meta'].get('date')}"
+
+
+def _step_source(data: dict) -> str:
+    """Where the reload cadence came from, where the record says (` (the recipe's learner step: ...)`)."""
+    source = data.get("reload_every_from", "given")
+    return "" if source == "given" else f" (the recipe's learner step here, from {source})"
 
 
 def _median_range(values: list[float], fmt: str) -> str:
@@ -212,7 +249,7 @@ def render(data: dict) -> str:
         f"vLLM alone against vLLM as asyncrl drives it, `{Path(data['config']).name}` ({data['model']}): {data['groups']} groups of "
         f"{data['group_size']} (at most {data['max_inflight_groups']} groups in flight, {data['max_new_tokens']} new tokens at most) on "
         f"core(s) {data['rollout_cores']}; reloads of {data['reload_tensors']} tensors ({data['reload_bytes'] / 1e6:.1f} MB) every "
-        f"{data['reload_every_s']:g} s; learner load on core(s) {data['learner_cores']}. Median (min-max) over {data['repeats']} "
+        f"{data['reload_every_s']:.3g} s{_step_source(data)}; learner load on core(s) {data['learner_cores']}. Median (min-max) over {data['repeats']} "
         "repeats, rows interleaved.",
         "",
         "| row | slots | scheduling | reloads | learner load | tokens/s | requests in the engine per step | reloads done | ratio to alone |",

@@ -48,3 +48,32 @@ def test_render_marks_a_row_stopped_at_its_time_limit():
     text = engine_factors.render(json.loads(json.dumps(data)))
     assert "| weight reloads (stopped at 300 s in 1 of 2 repeats, 40-40 of 128 samples done) | request |" in text
     assert "| weight reloads, KV kept | request |" in text  # finished rows carry no mark
+
+
+def _phases_record(cpu: str, cores: int) -> dict:
+    cases = [{"threads": t, "mini_batches": m, "correction": c, "per_sample_s": 0.1 * t + m + (c == "none")}
+             for t, m, c in [(2, 1, None), (1, 4, None), (1, 1, None), (1, 4, "none")]]
+    return {"bench": "learner_phases", "meta": {"cpu_model": cpu, "cores": cores, "date": "2026-12-07T16:07:46Z"},
+            "result": {"cases": cases}}
+
+
+def test_reload_every_auto_is_the_learner_step_measured_on_this_kind_of_machine(tmp_path):
+    import pytest
+
+    from asyncrl.core.config import load_config
+
+    cfg = load_config(None, ["learner.batch_size=16"])
+    here = {"cpu_model": "Xeon", "cores": 2}
+    assert engine_factors.learner_step_s(_phases_record("Xeon", 2), 16, here) == pytest.approx(1.1 * 16)  # 1 thread, 1 update
+    with pytest.raises(SystemExit, match="this kind of machine"):
+        engine_factors.learner_step_s(_phases_record("EPYC", 2), 16, here)
+    config = tmp_path / "recipe.yaml"
+    with pytest.raises(SystemExit, match="run bench/learner_phases.py"):
+        engine_factors.reload_every("auto", cfg, config, here, tmp_path)
+    (tmp_path / "learner_phases_recipe.json").write_text(json.dumps(_phases_record("Xeon", 2)))
+    seconds, source = engine_factors.reload_every("auto", cfg, config, here, tmp_path)
+    assert seconds == pytest.approx(17.6) and "2026-12-07" in source
+    assert engine_factors.reload_every("14", cfg, config, here, tmp_path) == (14.0, "given")
+    data = {**_data(), "reload_every_s": seconds, "reload_every_from": source}
+    assert "17.6 s (the recipe's learner step here, from learner_phases of 2026-12-07" in engine_factors.render(data)
+    assert "every 0.5 s;" in engine_factors.render(_data())  # a given cadence: as before
