@@ -388,8 +388,23 @@ def test_a_pass_s_fixed_cost_keeps_one_big_pass_where_many_small_ones_would_cost
     assert all(len(set(batch.group_index[m].tolist())) == 1 for m in micro_batches(batch, rows, 4, Sharing(200.0)))
     lrn = learner(random_model_dir)
     per_pass = measured_pass_positions(lrn.model, torch.device("cpu"))
-    assert math.isfinite(per_pass) and per_pass >= 0
+    longest = min(512, lrn.model.config.max_position_embeddings)
+    assert math.isfinite(per_pass) and 0 <= per_pass <= 8 * longest
     assert all(p.grad is None for p in lrn.model.parameters())
+
+
+def test_a_pass_whose_time_does_not_grow_with_its_length_counts_as_all_fixed_cost_up_to_a_cap(monkeypatch):
+    """Where the longer row takes no longer than the shorter (timer noise on a small model), the fit has no slope:
+    the pass's fixed cost is 8 times the longer row's positions, not a division by almost zero (4e10 was seen)."""
+    from types import SimpleNamespace
+
+    import asyncrl.core.batching as batching
+
+    clock = iter(range(1000))
+    monkeypatch.setattr(batching.time, "perf_counter", lambda: float(next(clock)))  # every pass: 1 s, whatever its length
+    model = lambda input_ids, logits_to_keep: SimpleNamespace(logits=torch.zeros(1, 1, 4))  # noqa: E731
+    model.config, model.zero_grad = SimpleNamespace(max_position_embeddings=256), lambda set_to_none: None
+    assert batching.measured_pass_positions(model, torch.device("cpu")) == 8 * 256
 
 
 def test_a_model_whose_attention_cannot_share_a_prompt_is_micro_batched_by_length_with_nothing_measured(monkeypatch):
