@@ -28,7 +28,7 @@ import time
 from collections import deque
 from pathlib import Path
 
-from results_io import provenance, publish, shown  # bench/ is on sys.path when a benchmark runs as a script
+from results_io import provenance, publish, record_name, shown  # bench/ is on sys.path when a benchmark runs as a script
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -57,7 +57,7 @@ def sync_weights(cfg, model_path: str) -> list:
     return [(f"{m}.weight", state[f"{m}.weight"]) for m in lora.sync_modules(wrapped)]
 
 
-def learner_load(model_path: str, cores: list[int], shape: tuple[int, int], ready, dtype: str = "float32") -> None:
+def learner_load(model_path: str, cores: list[int], shape: tuple[int, int], ready, dtype: str) -> None:
     """Forward+backward passes of the model in `dtype` (the job's compute dtype) on `cores`, one thread, until killed (a
     spawned process)."""
     import os
@@ -201,8 +201,7 @@ def main() -> None:
     cfg = load_config(args.config)
     args.reload_every, source = reload_every(args.reload_every, cfg, args.config, start, args.out)
     data = {**measure(args, cfg), "reload_every_from": source}
-    default = args.config.resolve() == (ROOT / "configs" / "default.yaml").resolve()
-    publish(args.out, "engine_factors" if default else f"engine_factors_{args.config.stem}", "engine_factors", data, sys.argv[1:], start)
+    publish(args.out, record_name("engine_factors", args.config), "engine_factors", data, sys.argv[1:], start)
 
 
 def learner_step_s(record: dict, batch_size: int, here: dict) -> float:
@@ -224,7 +223,7 @@ def reload_every(arg: str, cfg, config: Path, here: dict, results: Path) -> tupl
     """Seconds between two loads and where they came from: `arg` as a number, or `auto` (`learner_step_s`)."""
     if arg != "auto":
         return float(arg), "given"
-    path = results / f"learner_phases_{config.stem}.json"
+    path = results / f"{record_name('learner_phases', config)}.json"
     if not path.is_file():
         raise SystemExit(f"engine_factors: --reload-every auto reads {path}: run bench/learner_phases.py --config {config} first")
     record = json.loads(path.read_text())

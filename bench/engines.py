@@ -34,7 +34,7 @@ import sys
 import time
 from pathlib import Path
 
-from results_io import provenance, publish  # bench/ is on sys.path when a benchmark runs as a script
+from results_io import provenance, publish, record_name  # bench/ is on sys.path when a benchmark runs as a script
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -207,8 +207,7 @@ def main() -> None:
     data = {"config": str(args.config), **results, "engines": list(results), "model": cfg.model.path, "dtype": cfg.model.dtype,
             "prompts": args.prompts, "group_size": r.group_size, "temperature": r.temperature, "max_new_tokens": r.max_new_tokens,
             "versions": args.versions, "argv": sys.argv[1:]}
-    default = args.config.resolve() == (ROOT / "configs" / "default.yaml").resolve()
-    publish(args.out, "engines" if default else f"engines_{args.config.stem}", "engines", data, sys.argv[1:], start)
+    publish(args.out, record_name("engines", args.config), "engines", data, sys.argv[1:], start)
 
 
 if __name__ == "__main__":

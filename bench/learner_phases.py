@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from results_io import provenance, publish, shown  # bench/ is on sys.path when a benchmark runs as a script
+from results_io import provenance, publish, record_name, shown  # bench/ is on sys.path when a benchmark runs as a script
 
 ROOT = Path(__file__).resolve().parents[1]
 # (torch threads, mini-batches, algorithm.correction or None for the config's); the batch is mini_batches x the config's.
@@ -89,8 +89,7 @@ def main() -> None:
               f"{cases[-1]['per_sample_s']:.3f} s a sample", flush=True)
     data = {"config": shown(args.config), "prompt": args.prompt,
             "response": args.response, "steps": args.steps, "cases": cases}
-    name = "learner_phases" if args.config.stem == "default" else f"learner_phases_{args.config.stem}"
-    publish(args.out, name, "learner_phases", data, sys.argv[1:], start)
+    publish(args.out, record_name("learner_phases", args.config), "learner_phases", data, sys.argv[1:], start)
 
 
 def render(data: dict) -> str:

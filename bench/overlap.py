@@ -31,7 +31,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from results_io import QUIET, lengths_text, provenance, publish, run_asyncrl, shown  # bench/ is on sys.path when a benchmark runs as a script
+from results_io import QUIET, lengths_text, provenance, publish, record_name, run_asyncrl, shown  # bench/ is on sys.path when a benchmark runs as a script
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -129,8 +129,7 @@ def main() -> None:
             "baseline": shown(baseline), "samples": args.samples,
             "async_batch": runs["async"]["config"]["learner"]["batch_size"], "sync_batch": runs["sync"]["config"]["learner"]["batch_size"],
             "sync_mini_batches": runs["sync"]["config"]["learner"]["mini_batches"], "seeds": seeds}
-    default = args.config.resolve() == (ROOT / "configs" / "default.yaml").resolve()
-    publish(args.out, "overlap" if default else f"overlap_{args.config.stem}", "overlap", data, sys.argv[1:], start)
+    publish(args.out, record_name("overlap", args.config), "overlap", data, sys.argv[1:], start)
 
 
 def _median_range(values: list[float], fmt: str) -> str:

@@ -23,6 +23,13 @@ CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "avx512_v
 PACKAGES = ("torch", "vllm", "transformers", "ray", "trl", "sglang", "datasets", "peft")
 
 
+def record_name(bench: str, config: Path) -> str:
+    """The stem of a benchmark's record for the job `config`: the bench's name for the default job, else suffixed
+    with the config's stem (`overlap_smollm2_word_problems`)."""
+    default = Path(config).resolve() == (ROOT / "configs" / "default.yaml").resolve()
+    return bench if default else f"{bench}_{Path(config).stem}"
+
+
 def shown(path: Path) -> str:
     """A path as records show it: from the repository's root (benchmarks run there), not this machine's; a relative
     path as given, one outside the repository in full."""

@@ -84,7 +84,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from results_io import check_plausible, lengths_text, provenance, publish  # noqa: E402  (bench/ is on sys.path when a benchmark runs as a script)
+from results_io import check_plausible, lengths_text, provenance, publish, record_name  # noqa: E402  (bench/ is on sys.path when a benchmark runs as a script)
 
 TRL_VENV = ROOT / "bench" / ".venv-trl"
 TRL_REQUIREMENTS = ROOT / "bench" / "trl_requirements.txt"
@@ -865,8 +865,7 @@ def main() -> None:
                 for level in (args.threshold + d for d in SENSITIVITY)}
             for k in others},
     }
-    default = args.config.resolve() == (ROOT / "configs" / "default.yaml").resolve()
-    name = ("vs_trl" if default else f"vs_trl_{args.config.stem}") + (f"_{args.tag}" if args.tag else "")
+    name = record_name("vs_trl", args.config) + (f"_{args.tag}" if args.tag else "")
     publish(args.out, name, "vs_trl", data, sys.argv[1:], start)
     plot_curves({"asyncrl": runs["asyncrl"]["points"], **{name: runs[k]["points"] for k, name in others.items()}},
                 args.threshold, f"{args.config.name}: held-out greedy accuracy", args.out / f"{name}.png")

@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from results_io import provenance, publish  # bench/ is on sys.path when a benchmark runs as a script
+from results_io import provenance, publish, record_name  # bench/ is on sys.path when a benchmark runs as a script
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -115,8 +115,7 @@ def main() -> None:
         moved = max(abs(a - b) for a, b in zip(logprobs[True], initial))
         data["sets"][label] = {"bytes": nbytes, "reload_weights_s": times[False][1:], "reload_units_s": times[True][1:],
                                "logprob_gap_between_methods": gap, "logprob_change_from_initial": moved}
-    default = args.config.resolve() == (ROOT / "configs" / "default.yaml").resolve()
-    publish(args.out, "weight_load" if default else f"weight_load_{args.config.stem}", "weight_load", data, sys.argv[1:], start)
+    publish(args.out, record_name("weight_load", args.config), "weight_load", data, sys.argv[1:], start)
 
 
 if __name__ == "__main__":
