@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import subprocess
 import sys
+import time
 from itertools import count
 from types import SimpleNamespace
 
@@ -289,3 +290,73 @@ def test_the_loop_modules_import_no_ray():
     code = ("import sys, asyncrl.actors.rollout.loop, asyncrl.actors.rollout.offline, asyncrl.actors.rollout.scoring; "
             "print('ray' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
+
+
+class HeldBuffer(FakeBuffer):
+    """An admission call the buffer holds (it never answers here); the loop's waits on it are recorded."""
+
+    def __init__(self) -> None:
+        super().__init__(0)
+        self.waits: list[float] = []
+
+    def ask(self, room: int, version: int) -> None:
+        self.asks.append((room, version))
+        self.answer = 0
+
+    def granted(self, timeout_s: float = 0.0):
+        return None
+
+    def wait(self, timeout_s: float) -> None:
+        self.waits.append(timeout_s)
+
+
+def test_an_idle_loop_sleeps_on_its_admission_call_and_polls_only_while_it_holds_groups():
+    from asyncrl.actors.rollout.loop import IDLE_WAIT_S, QUIET_WAIT_S
+
+    loop, engine, buffer = make_loop("keep")
+    held = HeldBuffer()
+    loop.link = held
+    loop.one_pass()  # nothing held, the call held by the buffer: a long wait, which an answer or a notify ends
+    assert held.asks == [(1, 0)] and held.waits == [QUIET_WAIT_S] and loop.quiet()
+    loop.flight.start_groups(1)  # a group generating: the engine steps, no wait
+    loop.one_pass()
+    assert held.waits == [QUIET_WAIT_S]
+    while engine.has_unfinished():
+        loop.one_pass()
+    assert len(loop.flight.scoring) == 1 and not loop.quiet()  # being scored: its score must be taken soon
+    loop.one_pass()
+    assert held.waits[-1] == IDLE_WAIT_S
+    deadline = time.monotonic() + 30
+    while len(loop.flight.scoring) and time.monotonic() < deadline:  # scored on a thread: taken at a check
+        time.sleep(0.01)
+        loop.one_pass()
+    assert loop.quiet() and len(buffer.records) == 2  # the scoring hands off through the put it was given
+
+
+class AnsweringLink(HeldBuffer):
+    """As BufferLink with `wake`: its wait sleeps on the loop's event, which an answer sets; `answers` says whether
+    the call's answer comes back while the pass that asked goes on (before its wait)."""
+
+    def __init__(self, wake, answers: bool) -> None:
+        super().__init__()
+        self.wake, self.answers, self.woken = wake, answers, []
+
+    def ask(self, room: int, version: int) -> None:
+        super().ask(room, version)
+        if self.answers:
+            self.wake.set()
+
+    def wait(self, timeout_s: float) -> None:
+        self.woken.append(self.wake.wait(timeout_s))
+
+
+def test_what_wakes_the_loop_during_a_pass_ends_its_wait_and_the_next_pass_starts_unwoken():
+    loop, _, _ = make_loop("keep")
+    loop.link = AnsweringLink(loop.wake, answers=True)
+    loop.one_pass()
+    assert loop.link.woken == [True]  # not lost to the pass's own clearing: it came after
+    loop.link = AnsweringLink(loop.wake, answers=False)
+    loop.one_pass()  # nothing wakes it: the whole quiet wait
+    assert loop.link.woken == [False]
+    loop.notify()  # a weight update or a stop queued from another thread
+    assert loop.wake.is_set()

@@ -18,8 +18,12 @@ from asyncrl.core.messages import LoadReport
 TRACE_LIMIT = 200_000
 """Engine steps kept between two drains, the newest (a stalled controller must not grow the worker without bound)."""
 IDLE_WAIT_S = 0.005
-"""With nothing to run, how long the loop waits before it looks at its queues again: a weight update, a validation
-or a tool's outcome waits at most this long to be taken."""
+"""With nothing for the engine to run but groups held (being scored, tool calls running), how long the loop waits
+before it looks again: a tool's outcome or a score waits at most this long to be taken."""
+QUIET_WAIT_S = 0.5
+"""With nothing held at all, the loop sleeps on `wake` for up to this long while its admission call is held by the
+buffer: an answer, a weight update, a validation or a stop wakes it at once. A loop that woke every few
+milliseconds here took a tenth of a core, which a learner sharing the cores (the synchronous recipes) paid for."""
 SCORING_CHECK_S = 0.02
 """How often the loop takes what the reward hand-off brought back (the pool's: a `ray.wait` over every group in
 scoring, so not every engine step)."""
@@ -29,7 +33,8 @@ class GenerationLoop:
     """`link`: the buffer (asyncrl.actors.rollout.buffer_link.BufferLink, or a fake): admission and hand-off;
     `policy`: what becomes of running requests at a weight update (asyncrl.actors.rollout.updates)."""
 
-    def __init__(self, flight: Flight, link, policy: UpdatePolicy, *, max_inflight: int, keep_kv: bool = False, verify: bool = False) -> None:
+    def __init__(self, flight: Flight, link, policy: UpdatePolicy, *, max_inflight: int, keep_kv: bool = False, verify: bool = False,
+                 wake: threading.Event | None = None) -> None:
         if policy.restarts_episodes and flight.maker.agent:
             raise ValueError(f"rollout.weight_update={policy.name} restarts episodes, which a black-box agent cannot do")
         self.flight, self.link, self.policy, self.max_inflight, self.keep_kv = flight, link, policy, max_inflight, keep_kv
@@ -41,6 +46,7 @@ class GenerationLoop:
         self.trace: deque[tuple[float, int]] = deque(maxlen=TRACE_LIMIT)  # (wall time, requests in the engine) per step
         self.next_admit = self.next_check = 0.0
         self.admitting = True  # false once the worker is being removed from the pool: it finishes what it holds
+        self.wake = wake if wake is not None else threading.Event()  # set by whatever gives an idle loop work (`notify`; the link's answered admission)
 
     @property
     def version(self) -> int:
@@ -56,7 +62,16 @@ class GenerationLoop:
         finally:
             self.counters.loop_s += time.monotonic() - started
 
+    def notify(self) -> None:
+        """Wake the loop from a quiet wait (`QUIET_WAIT_S`): a weight update, a validation or a stop is queued."""
+        self.wake.set()
+
+    def quiet(self) -> bool:
+        """Nothing held that needs looking at: no group generating, in scoring or between turns, nothing queued."""
+        return not (len(self.flight) or len(self.flight.scoring) or self.flight.waiting() or self.updates or not self.evals.jobs.empty())
+
     def one_pass(self, stop: threading.Event | None = None) -> None:
+        self.wake.clear()  # what is set from here on is seen by this pass or ends its wait
         self.apply_queued()
         self.evals.submit_queued(self.engine, self.flight.maker.eval_ids, self.flight.params, self.flight.maker.limits.turn_tokens, self.version)
         self.admit()
@@ -69,7 +84,7 @@ class GenerationLoop:
             return
         t0 = time.monotonic()
         if self.link.asking:
-            self.link.wait(IDLE_WAIT_S)
+            self.link.wait(QUIET_WAIT_S if self.quiet() else IDLE_WAIT_S)
         elif stop is not None:
             stop.wait(IDLE_WAIT_S)
         else:

@@ -76,7 +76,8 @@ class RolloutWorker:
         self.tools = self.agents or (ToolPool(e.name, e.tool_workers, e.tool_timeout_s) if env_cls and env_cls.tools else None)
         self.maker = EpisodeMaker(cfg, self.engine.tokenizer, env_cls, bool(e.agent))
         self.counters = WorkerCounters()
-        self.link = BufferLink(buffer, worker_id)
+        wake = threading.Event()  # the loop's: an answered admission wakes it (`GenerationLoop.quiet`)
+        self.link = BufferLink(buffer, worker_id, wake)
         streak = FailureStreak(cfg.task.max_consecutive_reward_failures, cfg.task.reward, lambda why: self.loop.fail(why))
         if scorers:
             clock = StageClock(cfg.run.hang_factor, cfg.run.hang_floor_s, cfg.run.hang_first_s)  # the watchdog on the reward actors
@@ -89,7 +90,7 @@ class RolloutWorker:
         self.flight = Flight(self.engine, self.maker, self.scoring, self.link.put, self.tools, prompts, self.counters, run_id=run_id,
                              worker_id=worker_id, group_size=r.group_size, sampling=(r.temperature, r.top_p), first_group=first_group)
         self.loop = GenerationLoop(self.flight, self.link, POLICIES[r.weight_update], max_inflight=r.max_inflight_groups, keep_kv=r.keep_kv,
-                                   verify=cfg.learner.verify_weights)
+                                   verify=cfg.learner.verify_weights, wake=wake)
         self.stop_flag = threading.Event()
         self.thread: threading.Thread | None = None
         self.stopping = threading.Lock()  # stop() and retire() may come from two of Ray's threads at once
@@ -134,6 +135,7 @@ class RolloutWorker:
             self.loop.apply(update)
         else:
             self.loop.updates.append(update)
+            self.loop.notify()
             while not update.done.wait(0.1):
                 if not thread.is_alive():  # the loop ended (an error) before taking it: load here
                     self.loop.apply_queued()
@@ -156,6 +158,7 @@ class RolloutWorker:
         """Stop the loop; in-flight samples are recorded as aborted_at_end with `reason`. Returns counters."""
         with self.stopping:
             self.stop_flag.set()
+            self.loop.notify()
             if self.thread is not None:
                 self.thread.join()
                 self.thread = None
@@ -200,6 +203,7 @@ class RolloutWorker:
         if thread is None or not thread.is_alive():
             raise RuntimeError(f"rollout worker {self.id}: evaluate_live needs the loop running ({self.loop.error or 'not started'})")
         job = self.loop.evals.new(prompts, samples)
+        self.loop.notify()
         while not job.done.wait(0.1):
             if not thread.is_alive():
                 raise RuntimeError(self.loop.error or f"rollout worker {self.id}: the loop stopped during an evaluation")
