@@ -1,19 +1,9 @@
 """bench/learner_phases.py's table from its data (no learner runs)."""
-import importlib.util
-import sys
-from pathlib import Path
-
-BENCH = Path(__file__).resolve().parents[1] / "bench"
+from tests.bench_modules import load
 
 
 def test_render_gives_the_mini_batch_cost_and_the_second_threads_speedup():
-    sys.path.insert(0, str(BENCH))
-    try:
-        spec = importlib.util.spec_from_file_location("learner_phases", BENCH / "learner_phases.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(BENCH))
+    module = load("learner_phases")
     cases = [{"threads": t, "mini_batches": m, "batch": 16 * m, "step_s": [], "per_sample_s": s}
              for (t, m), s in {(1, 1): 1.2, (2, 1): 0.8, (1, 4): 1.8, (2, 4): 1.5}.items()]
     text = module.render({"config": "configs/x.yaml", "prompt": 100, "response": 45, "steps": 3, "cases": cases})

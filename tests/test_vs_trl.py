@@ -2,24 +2,18 @@
 from __future__ import annotations
 
 import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.bench_modules import load
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 
 
 @pytest.fixture(scope="module")
 def vs_trl():
-    sys.path.insert(0, str(BENCH))  # vs_trl imports results_io as a sibling, as when run as a script
-    try:
-        spec = importlib.util.spec_from_file_location("vs_trl", BENCH / "vs_trl.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-    finally:
-        sys.path.remove(str(BENCH))
+    return load("vs_trl")  # it imports results_io as a sibling, as when run as a script
 
 
 def rows(step_s: list[float], batch: int = 64, pause: float = 0.0, wait: float = 0.1, sync: float = 0.01) -> list[dict]:
