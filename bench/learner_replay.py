@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 import subprocess
 import sys
@@ -24,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from results_io import QUIET, provenance, publish, record_name, run_asyncrl, shown  # bench/ is on sys.path when a benchmark runs as a script
+from results_io import provenance, publish, record_name, run_samples, shown, sync_baseline  # bench/ is on sys.path when a benchmark runs as a script
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -63,10 +62,9 @@ def side(config: Path, samples: int, seed: int) -> dict:
     from asyncrl.core.config import load_config
 
     cfg = load_config(config)
-    steps = 1 + math.ceil(samples / cfg.learner.batch_size)
     with tempfile.TemporaryDirectory(prefix="learner_replay_") as tmp:
         out = Path(tmp) / "run"
-        run_asyncrl(config, [f"run.output_dir={out}", f"run.steps={steps}", f"run.seed={seed}", *QUIET])
+        steps = run_samples(config, out, samples, seed)
         proc = subprocess.run([sys.executable, __file__, "--worker", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=7200)
     if proc.returncode != 0:
         raise SystemExit(f"learner_replay: the replay of {config.name} failed:\n{proc.stderr[-3000:]}")
@@ -96,7 +94,7 @@ def main() -> None:
     start = provenance(sys.argv[1:])
     configs = [args.config]
     if str(args.baseline) != "none":
-        baseline = args.baseline or args.config.with_name(f"{args.config.stem}_sync.yaml")
+        baseline = args.baseline or sync_baseline(args.config)
         if not baseline.is_file():
             raise SystemExit(f"learner_replay: no synchronous baseline {baseline} (pass --baseline, or --baseline none)")
         configs.append(baseline)

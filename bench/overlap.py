@@ -25,13 +25,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 import sys
 import tempfile
 from pathlib import Path
 
-from results_io import QUIET, lengths_text, provenance, publish, record_name, run_asyncrl, shown  # bench/ is on sys.path when a benchmark runs as a script
+from results_io import lengths_text, provenance, publish, record_name, run_samples, shown, sync_baseline  # bench/ is on sys.path when a benchmark runs as a script
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -39,10 +38,7 @@ sys.path.insert(0, str(ROOT))
 
 def run_job(config: Path, out: Path, samples: int, seed: int) -> dict:
     """Run `config` for a warm-up step and then `samples` trained samples; its measures (`measure`)."""
-    from asyncrl.core.config import load_config
-
-    steps = 1 + math.ceil(samples / load_config(config).learner.batch_size)
-    run_asyncrl(config, [f"run.output_dir={out}", f"run.steps={steps}", f"run.seed={seed}", *QUIET])
+    run_samples(config, out, samples, seed)
     return measure(out)
 
 
@@ -113,7 +109,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = parser.parse_args()
     start = provenance(sys.argv[1:])
-    baseline = args.baseline or args.config.with_name(f"{args.config.stem}_sync.yaml")
+    baseline = args.baseline or sync_baseline(args.config)
     seeds = []
     with tempfile.TemporaryDirectory(prefix="overlap-") as tmp:
         for k, seed in enumerate(args.seeds):

@@ -100,6 +100,22 @@ def run_asyncrl(config: Path, overrides: list[str], timeout_s: float = 7200) -> 
         raise RuntimeError(f"run failed ({Path(config).name} {' '.join(overrides)}):\n{proc.stderr[-3000:]}")
 
 
+def run_samples(config: Path, out: Path, samples: int, seed: int) -> int:
+    """Run `config` into `out` (`QUIET`) for a warm-up step and then `samples` trained samples; the steps it ran."""
+    import math
+
+    from asyncrl.core.config import load_config
+
+    steps = 1 + math.ceil(samples / load_config(config).learner.batch_size)
+    run_asyncrl(config, [f"run.output_dir={out}", f"run.steps={steps}", f"run.seed={seed}", *QUIET])
+    return steps
+
+
+def sync_baseline(config: Path) -> Path:
+    """A job's synchronous baseline by convention: `<name>_sync.yaml` beside its config."""
+    return Path(config).with_name(f"{Path(config).stem}_sync.yaml")
+
+
 def check_plausible(name: str, value: float, bound: float, what: str) -> None:
     """Fail the benchmark (non-zero exit, nothing published) on a figure that cannot be: `value` above `bound`."""
     if value > bound:

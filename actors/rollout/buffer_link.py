@@ -19,7 +19,7 @@ class BufferLink:
     admission waiting for it may go on). `wake`: the generation loop's (`GenerationLoop.wake`), set when an admission
     call is answered, so the loop's `wait` sleeps on it and is woken by that answer as by a weight update."""
 
-    def __init__(self, buffer, worker_id: int, wake: threading.Event | None = None) -> None:
+    def __init__(self, buffer, worker_id: int, wake: threading.Event) -> None:
         self.buffer, self.worker_id, self.wake = buffer, worker_id, wake
         self.admission = None
         self.pending_puts: list = []
@@ -30,9 +30,8 @@ class BufferLink:
 
     def ask(self, room: int, version: int) -> None:
         self.admission = self.buffer.admit.remote(room, self.worker_id, version, ADMIT_WAIT_S)
-        if self.wake is not None:
-            wake = self.wake
-            self.admission.future().add_done_callback(lambda _answered: wake.set())
+        wake = self.wake
+        self.admission.future().add_done_callback(lambda _answered: wake.set())
 
     def granted(self, timeout_s: float = 0.0) -> int | None:
         """The groups the call in flight granted, once it is answered (None before, or with no call)."""
@@ -42,11 +41,8 @@ class BufferLink:
         return admitted
 
     def wait(self, timeout_s: float) -> None:
-        """Wait up to `timeout_s` for the admission call to be answered (with `wake`: or anything else to wake the loop)."""
-        if self.wake is not None:
-            self.wake.wait(timeout_s)
-        else:
-            ray.wait([self.admission], timeout=timeout_s)
+        """Wait up to `timeout_s` for the admission call to be answered, or for anything else to wake the loop (`wake`)."""
+        self.wake.wait(timeout_s)
 
     def loaded(self, version: int) -> None:
         self.buffer.loaded.remote(self.worker_id, version)
