@@ -107,6 +107,7 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=1024, help="trained samples per run, after the warm-up step")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    parser.add_argument("--tag", help="appended to the record's name (overlap_<config>_<tag>), to keep another run of it beside the first")
     args = parser.parse_args()
     start = provenance(sys.argv[1:])
     baseline = args.baseline or sync_baseline(args.config)
@@ -125,7 +126,7 @@ def main() -> None:
             "baseline": shown(baseline), "samples": args.samples,
             "async_batch": runs["async"]["config"]["learner"]["batch_size"], "sync_batch": runs["sync"]["config"]["learner"]["batch_size"],
             "sync_mini_batches": runs["sync"]["config"]["learner"]["mini_batches"], "seeds": seeds}
-    publish(args.out, record_name("overlap", args.config), "overlap", data, sys.argv[1:], start)
+    publish(args.out, record_name("overlap", args.config, args.tag), "overlap", data, sys.argv[1:], start)
 
 
 def _median_range(values: list[float], fmt: str) -> str:

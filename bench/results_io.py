@@ -23,11 +23,12 @@ CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "avx512_v
 PACKAGES = ("torch", "vllm", "transformers", "ray", "trl", "sglang", "datasets", "peft")
 
 
-def record_name(bench: str, config: Path) -> str:
+def record_name(bench: str, config: Path, tag: str | None = None) -> str:
     """The stem of a benchmark's record for the job `config`: the bench's name for the default job, else suffixed
-    with the config's stem (`overlap_smollm2_word_problems`)."""
+    with the config's stem (`overlap_smollm2_word_problems`); then `_<tag>` when given, so that runs kept side by
+    side do not overwrite each other (`overlap_smollm2_word_problems_run2`)."""
     default = Path(config).resolve() == (ROOT / "configs" / "default.yaml").resolve()
-    return bench if default else f"{bench}_{Path(config).stem}"
+    return (bench if default else f"{bench}_{Path(config).stem}") + (f"_{tag}" if tag else "")
 
 
 def shown(path: Path) -> str:

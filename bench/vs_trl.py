@@ -865,7 +865,7 @@ def main() -> None:
                 for level in (args.threshold + d for d in SENSITIVITY)}
             for k in others},
     }
-    name = record_name("vs_trl", args.config) + (f"_{args.tag}" if args.tag else "")
+    name = record_name("vs_trl", args.config, args.tag)
     publish(args.out, name, "vs_trl", data, sys.argv[1:], start)
     plot_curves({"asyncrl": runs["asyncrl"]["points"], **{name: runs[k]["points"] for k, name in others.items()}},
                 args.threshold, f"{args.config.name}: held-out greedy accuracy", args.out / f"{name}.png")

@@ -96,9 +96,11 @@ def test_provenance():
     json.dumps(meta)  # goes into the record as it is
 
 
-def test_a_records_name_is_the_benchs_for_the_default_job_and_carries_any_other_configs_stem():
+def test_a_records_name_is_the_benchs_for_the_default_job_and_carries_any_other_configs_stem_and_a_tag():
     from results_io import ROOT, record_name
 
     assert record_name("overlap", ROOT / "configs" / "default.yaml") == "overlap"
     assert record_name("overlap", Path("configs/smollm2_word_problems.yaml")) == "overlap_smollm2_word_problems"
+    assert record_name("overlap", Path("configs/smollm2_word_problems.yaml"), "run2") == "overlap_smollm2_word_problems_run2"
+    assert record_name("overlap", ROOT / "configs" / "default.yaml", "run2") == "overlap_run2"
     assert record_name("learner_phases", Path("/elsewhere/default.yaml")) == "learner_phases_default"  # not the default job
