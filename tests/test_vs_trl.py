@@ -1,7 +1,6 @@
 """bench/vs_trl.py's pure logic: the asyncrl clock from metrics rows, time to threshold, the ratios (no runs, no TRL)."""
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
@@ -75,10 +74,7 @@ def test_ratios_say_how_many_times_faster_asyncrl_is(vs_trl):
 @pytest.fixture(scope="module")
 def trl_grpo():
     """bench/trl_grpo.py's config mapping (it imports TRL itself only inside main, so this runs without it)."""
-    spec = importlib.util.spec_from_file_location("trl_grpo", BENCH / "trl_grpo.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load("trl_grpo")
 
 
 def test_trl_settings_follow_the_smollm2_recipe(trl_grpo):
